@@ -1,0 +1,233 @@
+/* jit_bench.c: what the JIT costs at job start, for one .cu file: loading
+ * NVRTC, the first compile in a process, a compile in a warm process, a
+ * cache miss that also stores the entry, a cache hit, and (with a GPU)
+ * loading the cubin. Caches go to a temporary directory, removed at the end.
+ *
+ *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [-- NVRTC options...]
+ *
+ * The default arch is sm_90a (Hopper), GPU or not. */
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_api.h"
+#include "symm_jit.h"
+
+typedef struct bench_args {
+    const char *file;
+    const char *arch;
+    int iters;
+    const char *const *options;
+    size_t option_count;
+} bench_args;
+
+static int usage(const char *why)
+{
+    fprintf(stderr, "jit_bench: %s\nusage: jit_bench FILE.cu [--arch sm_90a] [--iters N] "
+                    "[-- NVRTC options...]\n", why);
+    return 2;
+}
+
+static int parse_args(int argc, char **argv, bench_args *a)
+{
+    *a = (bench_args){.arch = "sm_90a", .iters = 10};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) {
+            a->options = (const char *const *)argv + i + 1;
+            a->option_count = (size_t)(argc - i - 1);
+            break;
+        } else if (!strcmp(argv[i], "--arch") && i + 1 < argc) {
+            a->arch = argv[++i];
+        } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > 10000)
+                return usage("--iters: expected an integer of 1..10000");
+            a->iters = (int)n;
+        } else if (argv[i][0] == '-' || a->file) {
+            fprintf(stderr, "jit_bench: unexpected argument \"%s\"\n", argv[i]);
+            return usage("bad arguments");
+        } else {
+            a->file = argv[i];
+        }
+    }
+    return a->file ? 0 : usage("no FILE.cu given");
+}
+
+static char *read_source(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "jit_bench: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *src = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (src && fread(src, 1, (size_t)n, f) == (size_t)n) {
+        src[n] = '\0';
+    } else {
+        fprintf(stderr, "jit_bench: cannot read %s\n", path);
+        free(src);
+        src = NULL;
+    }
+    fclose(f);
+    return src;
+}
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void report(const char *what, double *ms, int n)
+{
+    qsort(ms, (size_t)n, sizeof *ms, compare_double);
+    printf("  %-38s median %9.3f ms   min %9.3f ms\n", what, ms[n / 2], ms[0]);
+}
+
+/* One compile; on failure prints why and returns -1. */
+static int compile(symm_jit_request *req, symm_jit_result *res, double *ms, bool want_hit)
+{
+    symm_status st = symm_jit_compile(req, res);
+    if (st != SYMM_OK) {
+        fprintf(stderr, "jit_bench: %s\n", symm_last_error());
+        symm_jit_result_free(res);
+        return -1;
+    }
+    if (res->warning[0])
+        fprintf(stderr, "jit_bench: warning: %s\n", res->warning);
+    if (res->cache_hit != want_hit) {
+        fprintf(stderr, "jit_bench: expected a cache %s, got a %s\n", want_hit ? "hit" : "miss",
+                res->cache_hit ? "hit" : "miss");
+        symm_jit_result_free(res);
+        return -1;
+    }
+    *ms = res->total_ms;
+    return 0;
+}
+
+/* Module load times, when a GPU is present. */
+static void bench_load(const symm_jit_result *res, int iters, double *ms)
+{
+    const symm_cuda_api *cu;
+    CUdevice dev;
+    CUcontext ctx;
+    int count = 0;
+    if (symm_cuda(&cu) != SYMM_OK || cu->cuDeviceGetCount(&count) != CUDA_SUCCESS || !count ||
+        cu->cuDeviceGet(&dev, 0) != CUDA_SUCCESS) {
+        printf("  %-38s skipped: no GPU\n", "module load (symm_jit_load):");
+        return;
+    }
+    if (cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+        cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        printf("  %-38s skipped: no context on device 0\n", "module load (symm_jit_load):");
+        return;
+    }
+    for (int i = 0; i < iters; i++) {
+        CUmodule mod;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        symm_status st = symm_jit_load(res->cubin, res->cubin_size, &mod);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (st != SYMM_OK) {
+            printf("  %-38s failed: %s\n", "module load (symm_jit_load):", symm_last_error());
+            cu->cuDevicePrimaryCtxRelease(dev);
+            return;
+        }
+        ms[i] = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        symm_jit_unload(mod);
+    }
+    report("module load (symm_jit_load):", ms, iters);
+    cu->cuDevicePrimaryCtxRelease(dev);
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static int run(const bench_args *a, const char *src, const char *dir, double *ms)
+{
+    char sub[300];
+    symm_jit_result res;
+    symm_jit_request req = {.source = src, .source_name = a->file, .arch = a->arch,
+                            .options = a->options, .option_count = a->option_count,
+                            .cache_dir = dir};
+    int major = 0, minor = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (symm_jit_nvrtc_version(&major, &minor) != SYMM_OK) {
+        fprintf(stderr, "jit_bench: %s\n", symm_last_error());
+        return -1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double load_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    if (compile(&req, &res, &ms[0], false))
+        return -1;
+    printf("jit_bench: %s for %s, NVRTC %d.%d, cubin %zu bytes, %d iterations\n", a->file,
+           a->arch, major, minor, res.cubin_size, a->iters);
+    printf("  %-38s %9.3f ms\n", "NVRTC library load (dlopen):", load_ms);
+    printf("  %-38s %9.3f ms (NVRTC %.3f ms)\n", "first compile in process:", ms[0],
+           res.compile_ms);
+    symm_jit_result_free(&res);
+
+    req.flags = SYMM_JIT_NO_CACHE;
+    for (int i = 0; i < a->iters; i++) {
+        if (compile(&req, &res, &ms[i], false))
+            return -1;
+        symm_jit_result_free(&res);
+    }
+    report("compile, warm process (no cache):", ms, a->iters);
+
+    req.flags = 0;
+    req.cache_dir = sub;
+    for (int i = 0; i < a->iters; i++) {
+        snprintf(sub, sizeof sub, "%s/miss%d", dir, i);
+        if (compile(&req, &res, &ms[i], false))
+            return -1;
+        symm_jit_result_free(&res);
+    }
+    report("cache miss + store:", ms, a->iters);
+
+    req.cache_dir = dir;
+    for (int i = 0; i < a->iters; i++) {
+        if (compile(&req, &res, &ms[i], true))
+            return -1;
+        if (i + 1 < a->iters)
+            symm_jit_result_free(&res);
+    }
+    report("cache hit (read + verify):", ms, a->iters);
+    bench_load(&res, a->iters, ms);
+    symm_jit_result_free(&res);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc;
+    char *src = read_source(a.file);
+    if (!src)
+        return 1;
+    char dir[] = "/tmp/symm-jit-bench-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "jit_bench: mkdtemp: %s\n", strerror(errno));
+        free(src);
+        return 1;
+    }
+    double *ms = malloc(sizeof *ms * (size_t)a.iters);
+    rc = ms && run(&a, src, dir, ms) == 0 ? 0 : 1;
+    nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+    free(ms);
+    free(src);
+    return rc;
+}

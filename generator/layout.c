@@ -1,0 +1,84 @@
+/* layout.c: where a variant's buffers live. One table of regions for the
+ * symmetric buffer (identical offsets on every rank, because every rank runs
+ * the same variant) and one for the rank's local scratch. The numbers go into
+ * the generated kernels as constants, into the C stub for the runtime, and
+ * into the manifest; nothing else computes them. */
+#include <string.h>
+
+#include "sg.h"
+
+/* Signal words get their own 128-byte slot: nothing else shares the line. */
+#define SG_SIGNAL_SLOT 128
+/* Payload regions start on 256-byte boundaries (16-byte vector and bulk copies). */
+#define SG_REGION_ALIGN 256
+/* Bytes of the per-variant state record (see STATE in templates/variant.cu.in). */
+#define SG_STATE_BYTES 256
+/* Signal kinds: count published, dispatch rows arrived, combine rows arrived. */
+#define SG_SIGNAL_KINDS 3
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+int64_t sg_worst_capacity(const sg_variant *v)
+{
+    int64_t local = v->experts / v->world;
+    if (v->layout == SYMM_LAYOUT_RANK)
+        return (int64_t)v->world * v->max_tokens;
+    int64_t per_token = v->topk < local ? v->topk : local;
+    return (int64_t)v->world * v->max_tokens * per_token + local * (v->align - 1);
+}
+
+/* Entries of one rank's row of the count matrix: per destination rank (layout
+ * rank) or per global expert (layout expert). */
+static uint64_t count_row_entries(const sg_variant *v)
+{
+    return v->layout == SYMM_LAYOUT_RANK ? (uint64_t)v->world : (uint64_t)v->experts;
+}
+
+static void place(sg_layout *l, symm_region id, const char *name, uint64_t bytes, bool symmetric)
+{
+    uint64_t *cursor = symmetric ? &l->symmetric_bytes : &l->scratch_bytes;
+    sg_region *r = &l->regions[id];
+    r->name = name;
+    r->symmetric = symmetric;
+    r->bytes = bytes;
+    r->offset = bytes ? round_up(*cursor, SG_REGION_ALIGN) : 0;
+    if (bytes)
+        *cursor = r->offset + bytes;
+}
+
+void sg_layout_compute(const sg_variant *v, sg_layout *out)
+{
+    const uint64_t cap = (uint64_t)v->capacity, H = (uint64_t)v->hidden, K = (uint64_t)v->topk;
+    const uint64_t T = (uint64_t)v->max_tokens, W = (uint64_t)v->world;
+    const uint64_t L = (uint64_t)(v->experts / v->world);
+    const uint64_t elt = (uint64_t)symm_dtype_size(v->dtype);
+    const uint64_t celt = (uint64_t)symm_dtype_size(v->combine_dtype);
+    const bool rank = v->layout == SYMM_LAYOUT_RANK;
+    const bool fp8 = v->dtype == SYMM_DTYPE_FP8_E4M3;
+
+    memset(out, 0, sizeof *out);
+    out->worst_capacity = sg_worst_capacity(v);
+
+    place(out, SYMM_REGION_SIGNALS, "signals", SG_SIGNAL_KINDS * W * SG_SIGNAL_SLOT, true);
+    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * count_row_entries(v) * 4, true);
+    place(out, SYMM_REGION_RECV_X, "recv_x", cap * H * elt, true);
+    place(out, SYMM_REGION_RECV_SCALES, "recv_scales", fp8 ? cap * (H / SYMM_FP8_BLOCK) * 4 : 0, true);
+    place(out, SYMM_REGION_RECV_SRC, "recv_src", cap * 16, true);
+    place(out, SYMM_REGION_RECV_TOPK, "recv_topk_idx", rank ? cap * K * 4 : 0, true);
+    place(out, SYMM_REGION_RECV_WEIGHTS, "recv_weights",
+          v->weights ? (rank ? cap * K * 4 : cap * 4) : 0, true);
+    place(out, SYMM_REGION_COMBINE_IN, "combine_in", (rank ? W * T : T * K) * H * celt, true);
+
+    place(out, SYMM_REGION_STATE, "state", SG_STATE_BYTES, false);
+    place(out, SYMM_REGION_EXPERT_COUNT, "expert_count", L * 4, false);
+    place(out, SYMM_REGION_EXPERT_OFFSET, "expert_offset", L * 4, false);
+    place(out, SYMM_REGION_TOKEN_ROUTE, "token_route", T * (rank ? W : K) * 4, false);
+    place(out, SYMM_REGION_TOKEN_WEIGHTS, "token_weights", (!rank && v->weights) ? T * K * 4 : 0, false);
+    /* The layout kernel keeps per-warp counters of every bin in shared memory
+     * when at least 8 warps' worth fit in 32 KiB (templates/variant.cu.in
+     * derives the same from this region's size). */
+    const uint64_t bins = count_row_entries(v);
+    place(out, SYMM_REGION_LAYOUT_WORK, "layout_work", 32768 / (bins * 4) >= 8 ? 0 : 32 * bins * 4, false);
+    out->symmetric_bytes = round_up(out->symmetric_bytes, SG_REGION_ALIGN);
+    out->scratch_bytes = round_up(out->scratch_bytes, SG_REGION_ALIGN);
+}

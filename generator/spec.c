@@ -1,0 +1,1500 @@
+/* spec.c: runs a Lua spec in a sandbox, collects its layout { ... } calls,
+ * applies -D overrides and defaults, and validates every variant. Every
+ * problem is reported, not just the first, in the user's terms:
+ *     specs/x.lua:12: variant dsv3: field hidden: got "7168", expected an integer > 0
+ *
+ * A spec is untrusted input. It gets a fresh _ENV holding only pure functions
+ * (no os, io, debug, package, load), a memory cap (our allocator), an
+ * instruction cap (a count hook), and a guard on the one library routine
+ * that can run for hours in C where the hook cannot see it (pattern
+ * matching). Values are copied out of Lua at each layout call, so the Lua
+ * state is closed before validation starts. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+
+#include "sg.h"
+
+#define SPEC_MAX_INSTRUCTIONS 200000000LL
+#define SPEC_HOOK_EVERY 10000
+#define SPEC_MAX_MEMORY_MIB 256
+#define SPEC_MAX_FILE_MIB 16
+#define SPEC_MAX_VARIANTS 16384
+#define KEEP_STRING 128      /* bytes of a string value kept for checks and messages */
+#define KEEP_UNKNOWN 16      /* unknown field names kept per variant */
+#define SHOW_STRING 48       /* bytes of a string shown in a message */
+#define VALUE_BUF 256        /* a formatted value, quotes and escapes included */
+#define MESSAGE_MAX 1024     /* bytes of a spec's own error message shown */
+/* Attempts of one pattern match allowed, seconds at worst. */
+#define PATTERN_MAX_COST 1.0e9
+/* Per-rank receive and combine buffers of the worst case. */
+#define BUFFER_BYTES_MAX ((int64_t)1 << 40)
+
+/* Chunk names are "@" MARK index MARK, not the file's path: Lua cuts names
+ * longer than 59 characters in its messages ("...long/path.lua:3:"), and the
+ * index maps back to the full path. */
+#define MARK '\001'
+
+enum field {
+    F_NAME, F_HIDDEN, F_TOPK, F_EXPERTS, F_WORLD, F_MAX_TOKENS, F_DTYPE,
+    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COUNT
+};
+
+static const char *const field_names[F_COUNT] = {
+    "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
+    "combine_dtype", "layout", "weights", "capacity", "align", "sms",
+};
+
+#define ACCEPTED_FIELDS "name, hidden, topk, experts, world, max_tokens, dtype, " \
+                        "combine_dtype, layout, weights, capacity, align, sms"
+
+/* Integer fields and their ranges, checked one field at a time; the checks
+ * that combine fields come after (check_combinations). */
+static const struct int_rule {
+    enum field field;
+    int64_t min, max;
+    const char *what;
+    bool required;
+    int64_t fallback;
+} int_rules[] = {
+    { F_HIDDEN, 1, 1048576, "an integer > 0", true, 0 },
+    { F_TOPK, 1, 16, "an integer 1..16", true, 0 },
+    { F_EXPERTS, 1, 8192, "an integer 1..8192", true, 0 },
+    { F_WORLD, 2, 128, "an integer 2..128", true, 0 },
+    { F_MAX_TOKENS, 1, 1048576, "an integer > 0", true, 0 },
+    /* Its upper bound is the worst case, checked once that is known. */
+    { F_CAPACITY, 1, INT64_MAX, "an integer > 0", false, 0 },
+    { F_ALIGN, 1, 4096, "an integer 1..4096", false, 1 },
+    { F_SMS, 1, 1024, "an integer 1..1024", false, 24 },
+};
+
+/* Indexed by symm_dtype and symm_layout; combine dtypes are the first three. */
+static const char *const dtype_names[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
+static const char *const layout_names[] = { "rank", "expert" };
+
+#define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
+
+/* Names that cannot prefix generated C and CUDA C++ symbols. */
+static const char *const keywords[] = {
+    "_Alignas", "_Alignof", "_Atomic", "_BitInt", "_Bool", "_Complex", "_Decimal128",
+    "_Decimal32", "_Decimal64", "_Generic", "_Imaginary", "_Noreturn", "_Static_assert",
+    "_Thread_local", "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand",
+    "bitor", "bool", "break", "case", "catch", "char", "char16_t", "char32_t", "char8_t",
+    "class", "co_await", "co_return", "co_yield", "compl", "concept", "const",
+    "const_cast", "consteval", "constexpr", "constinit", "continue", "decltype",
+    "default", "delete", "do", "double", "dynamic_cast", "else", "enum", "explicit",
+    "export", "extern", "false", "float", "for", "friend", "goto", "if", "inline", "int",
+    "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq", "nullptr",
+    "operator", "or", "or_eq", "private", "protected", "public", "register",
+    "reinterpret_cast", "requires", "restrict", "return", "short", "signed", "sizeof",
+    "static", "static_assert", "static_cast", "struct", "switch", "template", "this",
+    "thread_local", "throw", "true", "try", "typedef", "typeid", "typename", "typeof",
+    "typeof_unqual", "union", "unsigned", "using", "virtual", "void", "volatile",
+    "wchar_t", "while", "xor", "xor_eq",
+};
+
+typedef enum raw_kind { RAW_ABSENT, RAW_INT, RAW_FLOAT, RAW_STRING, RAW_BOOL, RAW_OTHER } raw_kind;
+
+/* A value as the spec wrote it, copied out of Lua. */
+typedef struct raw_value {
+    raw_kind kind;
+    int64_t i;
+    double f;
+    bool b;
+    char *s;            /* RAW_STRING: the first KEEP_STRING bytes, NUL-terminated */
+    size_t len;         /* RAW_STRING: the full length */
+    const char *other;  /* RAW_OTHER: "a table", "a function", ... */
+} raw_value;
+
+/* One layout { } call. */
+typedef struct raw_variant {
+    size_t source;      /* index into spec_run.sources */
+    int line;
+    raw_value field[F_COUNT];
+    raw_value unknown[KEEP_UNKNOWN];  /* names of fields that do not exist */
+    size_t n_unknown;                 /* all of them, kept or not */
+    raw_value positional;             /* the first value given without a field name */
+    size_t n_positional;
+} raw_variant;
+
+/* Everything one sg_spec_load owns; the Lua state's allocator data. */
+typedef struct spec_run {
+    const char *path;        /* the spec, as given */
+    char *dir;               /* prefix of sibling modules: "specs/" or "" */
+    char **sources;          /* chunk index -> file path; 0 is the spec */
+    size_t n_sources;
+    const char *text;        /* the spec's source while it is loaded */
+    size_t text_len;
+    raw_variant *vars;
+    size_t n_vars, cap_vars;
+    size_t mem_used;
+    bool out_of_memory;
+    long long instructions;
+    bool too_long;
+    bool finished;           /* the chunk returned: layout accepts no more calls */
+} spec_run;
+
+/* A parsed -D field=value. */
+typedef struct override {
+    enum field field;
+    raw_value value;
+    char *origin;            /* "-D hidden=7", for messages */
+} override;
+
+/* Marks a module whose chunk is running, so that a cycle is an error. */
+static const char module_loading = 0;
+
+/* ------------------------------------------------------------------------
+ * Values and their text */
+
+static void raw_free(raw_value *v)
+{
+    free(v->s);
+    memset(v, 0, sizeof *v);
+}
+
+static int keep_string(raw_value *out, const char *s, size_t len)
+{
+    size_t kept = len < KEEP_STRING ? len : KEEP_STRING;
+    char *copy = malloc(kept + 1);
+    if (!copy)
+        return -1;
+    memcpy(copy, s, kept);
+    copy[kept] = '\0';
+    out->kind = RAW_STRING;
+    out->s = copy;
+    out->len = len;
+    return 0;
+}
+
+static bool raw_is(const raw_value *v, const char *literal)
+{
+    size_t n = strlen(literal);
+    return v->kind == RAW_STRING && v->len == n && memcmp(v->s, literal, n) == 0;
+}
+
+static const char *type_phrase(int type)
+{
+    switch (type) {
+    case LUA_TTABLE: return "a table";
+    case LUA_TFUNCTION: return "a function";
+    case LUA_TUSERDATA: return "a userdata";
+    case LUA_TLIGHTUSERDATA: return "a userdata";
+    case LUA_TTHREAD: return "a coroutine";
+    case LUA_TNIL: return "nil";
+    }
+    return "a value";
+}
+
+/* Appends to buf (of size VALUE_BUF) as much as fits. */
+static void append(char *buf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void append(char *buf, const char *fmt, ...)
+{
+    size_t used = strlen(buf);
+    if (used + 1 >= VALUE_BUF)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, VALUE_BUF - used, fmt, ap);
+    va_end(ap);
+}
+
+/* A string as a Lua/C literal, escaped, cut after SHOW_STRING bytes. */
+static void quote(char *buf, const char *s, size_t len)
+{
+    size_t kept = len < KEEP_STRING ? len : KEEP_STRING;
+    size_t shown = kept < SHOW_STRING ? kept : SHOW_STRING;
+    buf[0] = '\0';
+    append(buf, "\"");
+    for (size_t i = 0; i < shown; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            append(buf, "\\%c", c);
+        else if (c == '\n')
+            append(buf, "\\n");
+        else if (c == '\t')
+            append(buf, "\\t");
+        else if (c < 0x20 || c >= 0x7f)
+            append(buf, "\\x%02x", c);
+        else
+            append(buf, "%c", c);
+    }
+    append(buf, "\"");
+    if (len > shown)
+        append(buf, "... (%zu bytes)", len);
+}
+
+static void format_value(char *buf, const raw_value *v)
+{
+    buf[0] = '\0';
+    switch (v->kind) {
+    case RAW_INT: append(buf, "%lld", (long long)v->i); break;
+    case RAW_FLOAT: append(buf, "%.14g", v->f); break;
+    case RAW_BOOL: append(buf, "%s", v->b ? "true" : "false"); break;
+    case RAW_STRING: quote(buf, v->s, v->len); break;
+    case RAW_OTHER: append(buf, "%s", v->other); break;
+    case RAW_ABSENT: append(buf, "nothing"); break;
+    }
+}
+
+static bool is_identifier(const char *s, size_t len)
+{
+    if (len == 0 || (s[0] >= '0' && s[0] <= '9'))
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')))
+            return false;
+    }
+    return true;
+}
+
+static bool is_keyword(const char *s)
+{
+    for (size_t i = 0; i < sizeof keywords / sizeof keywords[0]; i++)
+        if (strcmp(s, keywords[i]) == 0)
+            return true;
+    return false;
+}
+
+/* A field name as shown in a message: bare when it is an identifier. */
+static void format_key(char *buf, const raw_value *key)
+{
+    if (key->len <= SHOW_STRING && is_identifier(key->s, key->len)) {
+        buf[0] = '\0';
+        append(buf, "%s", key->s);
+    } else {
+        quote(buf, key->s, key->len);
+    }
+}
+
+static int field_index(const char *key, size_t len)
+{
+    for (int f = 0; f < F_COUNT; f++)
+        if (strlen(field_names[f]) == len && memcmp(field_names[f], key, len) == 0)
+            return f;
+    return -1;
+}
+
+static char lower(char c) { return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c; }
+
+/* Edit distance with transpositions (optimal string alignment), ignoring case. */
+static int edit_distance(const char *a, size_t la, const char *b)
+{
+    enum { W = 16 };
+    size_t lb = strlen(b);
+    int d[3][W];
+    if (la >= 32 || lb >= W)
+        return 99;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int *cur = d[i % 3], *prev = d[(i - 1) % 3], *prev2 = d[(i + 1) % 3];
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int cost = lower(a[i - 1]) != lower(b[j - 1]);
+            int best = prev[j - 1] + cost;
+            if (prev[j] + 1 < best)
+                best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) &&
+                lower(a[i - 2]) == lower(b[j - 1]) && prev2[j - 2] + 1 < best)
+                best = prev2[j - 2] + 1;
+            cur[j] = best;
+        }
+    }
+    return d[la % 3][lb];
+}
+
+static bool prefix_of(const char *a, size_t la, const char *b)
+{
+    if (la > strlen(b))
+        return false;
+    for (size_t i = 0; i < la; i++)
+        if (lower(a[i]) != lower(b[i]))
+            return false;
+    return true;
+}
+
+/* The field a misspelt name most likely meant, or NULL. */
+static const char *suggest_field(const char *key, size_t len)
+{
+    const char *best = NULL;
+    int best_d = 3;
+    for (int f = 0; f < F_COUNT; f++) {
+        int d = edit_distance(key, len, field_names[f]);
+        if (d < best_d && d < (int)len) {
+            best_d = d;
+            best = field_names[f];
+        }
+    }
+    if (best || len < 3)
+        return best;
+    for (int f = 0; f < F_COUNT; f++) {
+        size_t lf = strlen(field_names[f]);
+        if (prefix_of(key, len, field_names[f]) ||
+            (lf >= 3 && len > lf && prefix_of(field_names[f], lf, key)))
+            return field_names[f];
+    }
+    return NULL;
+}
+
+/* "did you mean "hidden"?" or the list of fields, for an unknown name. */
+static void unknown_field_advice(char *buf, const char *key, size_t len)
+{
+    const char *near = suggest_field(key, len);
+    buf[0] = '\0';
+    if (near)
+        append(buf, "unknown field, did you mean \"%s\"?", near);
+    else
+        append(buf, "unknown field, expected one of " ACCEPTED_FIELDS);
+}
+
+/* ------------------------------------------------------------------------
+ * Files and chunk names */
+
+/* Reads a whole file. Returns 0, or an errno value (EFBIG: over the size cap). */
+static int read_file(const char *path, char **text, size_t *len)
+{
+    const size_t limit = (size_t)SPEC_MAX_FILE_MIB << 20;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    int err = buf ? 0 : ENOMEM;
+    while (err == 0) {
+        if (n == cap) {
+            char *grown = cap > limit ? NULL : realloc(buf, cap * 2);
+            if (!grown) {
+                err = cap > limit ? EFBIG : ENOMEM;
+                break;
+            }
+            buf = grown;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f))
+                err = errno ? errno : EIO;
+            break;
+        }
+    }
+    fclose(f);
+    if (err == 0 && n > limit)
+        err = EFBIG;
+    if (err != 0) {
+        free(buf);
+        return err;
+    }
+    *text = buf;
+    *len = n;
+    return 0;
+}
+
+static void read_error_text(char *buf, int err)
+{
+    buf[0] = '\0';
+    if (err == EFBIG)
+        append(buf, "too large for a spec (more than %d MiB)", SPEC_MAX_FILE_MIB);
+    else
+        append(buf, "cannot read: %s", strerror(err));
+}
+
+/* Takes ownership of path; returns its source index, or -1 (path freed). */
+static long add_source(spec_run *run, char *path)
+{
+    char **grown = realloc(run->sources, (run->n_sources + 1) * sizeof *grown);
+    if (!grown) {
+        free(path);
+        return -1;
+    }
+    run->sources = grown;
+    run->sources[run->n_sources] = path;
+    return (long)run->n_sources++;
+}
+
+static void chunk_name(char *buf, size_t size, long source)
+{
+    snprintf(buf, size, "@%c%ld%c", MARK, source, MARK);
+}
+
+/* The source index at the start of s (after MARK), or -1; *end is past it. */
+static long marker_at(const spec_run *run, const char *s, const char **end)
+{
+    if (s[0] != MARK)
+        return -1;
+    char *stop;
+    long index = strtol(s + 1, &stop, 10);
+    if (stop == s + 1 || *stop != MARK || index < 0 || (size_t)index >= run->n_sources)
+        return -1;
+    *end = stop + 1;
+    return index;
+}
+
+static size_t source_of(const spec_run *run, const char *chunkname)
+{
+    const char *end;
+    long index = chunkname[0] == '@' ? marker_at(run, chunkname + 1, &end) : -1;
+    return index < 0 ? 0 : (size_t)index;
+}
+
+/* A message from Lua made presentable: chunk markers replaced by paths,
+ * control bytes escaped, one line, at most MESSAGE_MAX bytes of the text. */
+static char *expand_message(const spec_run *run, const char *msg)
+{
+    size_t cap = MESSAGE_MAX * 4 + 64, n = 0;
+    for (size_t i = 0; i < run->n_sources; i++)
+        cap += strlen(run->sources[i]) * 4;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    size_t shown = 0;
+    const char *p = msg;
+    if (*p != MARK)
+        n += (size_t)snprintf(out, cap, "%s: ", run->path);
+    while (*p && shown < MESSAGE_MAX && n + 8 < cap) {
+        const char *end;
+        long src = marker_at(run, p, &end);
+        if (src >= 0) {
+            size_t len = strlen(run->sources[src]);
+            if (n + len + 8 >= cap)
+                break;
+            memcpy(out + n, run->sources[src], len);
+            n += len;
+            p = end;
+            continue;
+        }
+        unsigned char c = (unsigned char)*p++;
+        shown++;
+        if (c == '\n')
+            n += (size_t)snprintf(out + n, cap - n, "\\n");
+        else if (c < 0x20 || c == 0x7f)
+            n += (size_t)snprintf(out + n, cap - n, "\\x%02x", c);
+        else
+            out[n++] = (char)c;
+    }
+    if (*p)
+        n += (size_t)snprintf(out + n, cap - n, "...");
+    out[n] = '\0';
+    return out;
+}
+
+/* ------------------------------------------------------------------------
+ * The Lua side: limits, layout, require, the sandbox */
+
+static spec_run *run_of(lua_State *L)
+{
+    void *ud;
+    lua_getallocf(L, &ud);
+    return ud;
+}
+
+static void *spec_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    spec_run *run = ud;
+    size_t old = ptr ? osize : 0; /* without ptr, osize is a type tag */
+    if (nsize == 0) {
+        free(ptr);
+        run->mem_used -= old;
+        return NULL;
+    }
+    if (nsize > old && run->mem_used - old + nsize > ((size_t)SPEC_MAX_MEMORY_MIB << 20)) {
+        run->out_of_memory = true;
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (!p) {
+        run->out_of_memory = true;
+        return NULL;
+    }
+    run->mem_used = run->mem_used - old + nsize;
+    return p;
+}
+
+/* Past the budget, every instruction raises again: a spec that catches the
+ * error with pcall only gets as far as its next instruction. */
+static void spec_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    spec_run *run = run_of(L);
+    if (!run->too_long) {
+        run->instructions += SPEC_HOOK_EVERY;
+        if (run->instructions <= SPEC_MAX_INSTRUCTIONS)
+            return;
+        run->too_long = true;
+        lua_sethook(L, spec_hook, LUA_MASKCOUNT, 1);
+    }
+    lua_pushliteral(L, "spec ran too long");
+    lua_error(L);
+}
+
+/* The innermost Lua function at or above level. */
+static bool lua_position(lua_State *L, int level, lua_Debug *ar)
+{
+    for (; lua_getstack(L, level, ar); level++)
+        if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
+            return true;
+    return false;
+}
+
+/* Message handler: every error gets the file and line where it happened
+ * (error("x", 0) and errors raised in C have none), and no traceback. */
+static int spec_msgh(lua_State *L)
+{
+    int type = lua_type(L, 1);
+    const char *msg;
+    if (type == LUA_TSTRING || type == LUA_TNUMBER)
+        msg = lua_tostring(L, 1);
+    else
+        msg = lua_pushfstring(L, "error raised with %s, expected a message string", type_phrase(type));
+    if (msg[0] == MARK) {
+        lua_pushstring(L, msg);
+        return 1;
+    }
+    lua_Debug ar;
+    if (lua_position(L, 1, &ar))
+        lua_pushfstring(L, "%s:%d: %s", ar.short_src, ar.currentline, msg);
+    else
+        lua_pushfstring(L, "%c0%c: %s", MARK, MARK, msg);
+    return 1;
+}
+
+static int copy_value(lua_State *L, int idx, raw_value *out)
+{
+    memset(out, 0, sizeof *out);
+    int type = lua_type(L, idx);
+    if (type == LUA_TNUMBER && lua_isinteger(L, idx)) {
+        out->kind = RAW_INT;
+        out->i = (int64_t)lua_tointeger(L, idx);
+    } else if (type == LUA_TNUMBER) {
+        out->kind = RAW_FLOAT;
+        out->f = (double)lua_tonumber(L, idx);
+    } else if (type == LUA_TBOOLEAN) {
+        out->kind = RAW_BOOL;
+        out->b = lua_toboolean(L, idx);
+    } else if (type == LUA_TSTRING) {
+        size_t len;
+        const char *s = lua_tolstring(L, idx, &len);
+        return keep_string(out, s, len);
+    } else {
+        out->kind = RAW_OTHER;
+        out->other = type_phrase(type);
+    }
+    return 0;
+}
+
+/* One key/value pair of a layout table (key at -2, value at -1) that is not
+ * a field. Keys are read without conversion, so lua_next stays valid. */
+static int record_stray_key(lua_State *L, raw_variant *v)
+{
+    if (lua_type(L, -2) != LUA_TSTRING)
+        return v->n_positional++ == 0 ? copy_value(L, -1, &v->positional) : 0;
+    size_t len;
+    const char *key = lua_tolstring(L, -2, &len);
+    if (field_index(key, len) >= 0)
+        return 0;
+    if (v->n_unknown < KEEP_UNKNOWN && keep_string(&v->unknown[v->n_unknown], key, len) != 0)
+        return -1;
+    v->n_unknown++;
+    return 0;
+}
+
+/* layout { field = value, ... }: records the fields as they are now and
+ * the line of the call. Everything it allocates belongs to run at once, so
+ * a Lua error at any point leaks nothing. */
+static int spec_layout(lua_State *L)
+{
+    spec_run *run = run_of(L);
+    if (run->finished)
+        return luaL_error(L, "layout: called after the spec finished");
+    if (lua_type(L, 1) != LUA_TTABLE)
+        return luaL_error(L, "layout: expected a table of fields, got %s", luaL_typename(L, 1));
+    if (run->n_vars == SPEC_MAX_VARIANTS)
+        return luaL_error(L, "layout: more than %d variants in one spec", SPEC_MAX_VARIANTS);
+    if (run->n_vars == run->cap_vars) {
+        size_t cap = run->cap_vars ? run->cap_vars * 2 : 16;
+        raw_variant *grown = realloc(run->vars, cap * sizeof *grown);
+        if (!grown)
+            return luaL_error(L, "layout: out of memory");
+        run->vars = grown;
+        run->cap_vars = cap;
+    }
+    raw_variant *v = &run->vars[run->n_vars++];
+    memset(v, 0, sizeof *v);
+    lua_Debug ar;
+    if (lua_position(L, 1, &ar)) {
+        v->line = ar.currentline;
+        v->source = source_of(run, ar.source);
+    }
+    lua_settop(L, 1);
+    lua_pushnil(L);
+    while (lua_next(L, 1) != 0) {
+        if (record_stray_key(L, v) != 0)
+            return luaL_error(L, "layout: out of memory");
+        lua_pop(L, 1);
+    }
+    /* Fields are read through __index, so a table may inherit them. */
+    for (int f = 0; f < F_COUNT; f++) {
+        if (lua_getfield(L, 1, field_names[f]) != LUA_TNIL && copy_value(L, -1, &v->field[f]) != 0)
+            return luaL_error(L, "layout: out of memory");
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
+static bool is_module_name(const char *s, size_t len)
+{
+    if (len == 0 || len > 64)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!(s[i] == '_' || (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9')))
+            return false;
+    return true;
+}
+
+/* Compiles <dir>/<name>.lua and runs it in the sandbox; leaves its result on
+ * top. Upvalues of require: 1 the sandbox _ENV, 2 the loaded modules. */
+static int run_module(lua_State *L, spec_run *run, const char *name)
+{
+    size_t plen = strlen(run->dir) + strlen(name) + 5;
+    char *path = malloc(plen);
+    if (!path)
+        return luaL_error(L, "require \"%s\": out of memory", name);
+    snprintf(path, plen, "%s%s.lua", run->dir, name);
+    long source = add_source(run, path);
+    if (source < 0)
+        return luaL_error(L, "require \"%s\": out of memory", name);
+    char *text;
+    size_t len;
+    int err = read_file(path, &text, &len);
+    if (err == ENOENT)
+        return luaL_error(L, "require \"%s\": no file %s.lua next to the spec", name, name);
+    if (err != 0) {
+        char why[VALUE_BUF];
+        read_error_text(why, err);
+        return luaL_error(L, "require \"%s\": %s: %s", name, path, why);
+    }
+    char chunk[32];
+    chunk_name(chunk, sizeof chunk, source);
+    int st = luaL_loadbufferx(L, text, len, chunk, "t");
+    free(text);
+    if (st != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        if (msg && msg[0] == MARK)
+            return lua_error(L);
+        return luaL_error(L, "require \"%s\": %s", name, msg ? msg : "cannot load");
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_setupvalue(L, -2, 1);
+    lua_pushcfunction(L, spec_msgh);
+    lua_insert(L, -2);
+    st = lua_pcall(L, 0, 1, -2);
+    if (st != LUA_OK) {
+        /* Forget the mark, so a pcall'd require of it later says why again. */
+        lua_pushvalue(L, 1);
+        lua_pushnil(L);
+        lua_rawset(L, lua_upvalueindex(2));
+        return lua_error(L);
+    }
+    return 1;
+}
+
+/* require "name": only <directory of the spec>/<name>.lua, cached. */
+static int spec_require(lua_State *L)
+{
+    spec_run *run = run_of(L);
+    if (lua_type(L, 1) != LUA_TSTRING)
+        return luaL_error(L, "require: expected a module name of letters, digits and _, got %s",
+                          luaL_typename(L, 1));
+    size_t len;
+    const char *name = lua_tolstring(L, 1, &len);
+    if (!is_module_name(name, len)) {
+        char shown[VALUE_BUF];
+        quote(shown, name, len);
+        return luaL_error(L, "require %s: expected a module name of letters, digits and _", shown);
+    }
+    lua_settop(L, 1);
+    lua_pushvalue(L, 1);
+    if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL) {
+        if (lua_touserdata(L, -1) == &module_loading)
+            return luaL_error(L, "require \"%s\": circular require (%s.lua is still loading)", name, name);
+        return 1;
+    }
+    lua_pop(L, 1);
+    lua_pushvalue(L, 1);
+    lua_pushlightuserdata(L, (void *)&module_loading);
+    lua_rawset(L, lua_upvalueindex(2));
+    run_module(L, run, name);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushboolean(L, 1);
+    }
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, lua_upvalueindex(2));
+    return 1;
+}
+
+/* Worst-case attempts of Lua's backtracking matcher. With q items under *,
+ * + or - (or %b) and a subject of n bytes, the matcher can try every way of
+ * sharing the subject among them, C(n + q, q); each ? doubles that, and an
+ * unanchored search starts at each of n + 1 positions. Coarse on purpose. */
+static double pattern_cost(const char *p, size_t plen, size_t n, bool can_anchor)
+{
+    size_t i = 0;
+    int quantified = 0, optional = 0;
+    bool anchored = can_anchor && plen > 0 && p[0] == '^';
+    if (anchored)
+        i = 1;
+    while (i < plen) {
+        char c = p[i];
+        if (c == '(' || c == ')' || (c == '$' && i + 1 == plen)) {
+            i++;
+            continue;
+        }
+        if (c == '%' && i + 1 < plen && p[i + 1] == 'b') {
+            quantified++;
+            i += 4;
+            continue;
+        }
+        if (c == '%' && i + 1 < plen && p[i + 1] == 'f') {
+            i += 2;
+            c = i < plen ? p[i] : '\0';
+        }
+        if (c == '[') {
+            i++;
+            if (i < plen && p[i] == '^')
+                i++;
+            do {
+                i += (i < plen && p[i] == '%') ? 2 : 1;
+            } while (i < plen && p[i] != ']');
+            i++;
+        } else {
+            i += c == '%' ? 2 : 1;
+        }
+        if (i < plen && (p[i] == '*' || p[i] == '+' || p[i] == '-')) {
+            quantified++;
+            i++;
+        } else if (i < plen && p[i] == '?') {
+            optional++;
+            i++;
+        }
+    }
+    double cost = anchored ? 1.0 : (double)n + 1.0;
+    for (int k = 1; k <= quantified; k++)
+        cost = cost * ((double)n + k) / k;
+    return cost * pow(2.0, optional);
+}
+
+/* string.find/match/gmatch/gsub: refuses matches that could run for hours
+ * in C (upvalue 1: the library function, 2: its name). */
+static int guarded_pattern(lua_State *L)
+{
+    const char *fn = lua_tostring(L, lua_upvalueindex(2));
+    bool find = strcmp(fn, "find") == 0, plain = find && lua_toboolean(L, 4);
+    if (lua_type(L, 1) == LUA_TSTRING && lua_type(L, 2) == LUA_TSTRING && !plain) {
+        size_t n, plen;
+        lua_tolstring(L, 1, &n);
+        const char *p = lua_tolstring(L, 2, &plen);
+        if (pattern_cost(p, plen, n, strcmp(fn, "gmatch") != 0) > PATTERN_MAX_COST)
+            return luaL_error(L, "string.%s: pattern too costly for a spec over %d bytes "
+                              "(it could backtrack for hours); use fewer repetitions or a shorter string",
+                              fn, (int)n);
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* Opens a library and leaves a copy of its table on top, without leave_out. */
+static void copy_library(lua_State *L, const char *name, lua_CFunction open, const char *leave_out)
+{
+    luaL_requiref(L, name, open, 0);
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, -3) != 0) {
+        if (leave_out && lua_type(L, -2) == LUA_TSTRING && strcmp(lua_tostring(L, -2), leave_out) == 0) {
+            lua_pop(L, 1);
+            continue;
+        }
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, -4);
+    }
+    lua_remove(L, -2);
+}
+
+static void sandbox_string(lua_State *L)
+{
+    static const char *const matchers[] = { "find", "match", "gmatch", "gsub" };
+    copy_library(L, LUA_STRLIBNAME, luaopen_string, "dump");
+    for (size_t i = 0; i < sizeof matchers / sizeof matchers[0]; i++) {
+        lua_getfield(L, -1, matchers[i]);
+        lua_pushstring(L, matchers[i]);
+        lua_pushcclosure(L, guarded_pattern, 2);
+        lua_setfield(L, -2, matchers[i]);
+    }
+    /* ("").dump must not reach the real string table either. */
+    lua_pushliteral(L, "");
+    lua_getmetatable(L, -1);
+    lua_pushvalue(L, -3);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 2);
+}
+
+/* The spec's _ENV, left on top. */
+static void build_env(lua_State *L, spec_run *run)
+{
+    static const char *const base[] = {
+        "assert", "error", "getmetatable", "ipairs", "next", "pairs", "pcall", "rawequal",
+        "rawget", "rawlen", "rawset", "select", "setmetatable", "tonumber", "tostring",
+        "type", "xpcall", "_VERSION",
+    };
+    luaL_requiref(L, LUA_GNAME, luaopen_base, 0);
+    lua_newtable(L);
+    int env = lua_gettop(L);
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) {
+        lua_getfield(L, env - 1, base[i]);
+        lua_setfield(L, env, base[i]);
+    }
+    sandbox_string(L);
+    lua_setfield(L, env, "string");
+    copy_library(L, LUA_TABLIBNAME, luaopen_table, NULL);
+    lua_setfield(L, env, "table");
+    copy_library(L, LUA_MATHLIBNAME, luaopen_math, NULL);
+    /* Same spec, same numbers: generation is deterministic. */
+    lua_getfield(L, -1, "randomseed");
+    lua_pushinteger(L, 0);
+    lua_call(L, 1, 0);
+    lua_setfield(L, env, "math");
+    copy_library(L, LUA_UTF8LIBNAME, luaopen_utf8, NULL);
+    lua_setfield(L, env, "utf8");
+    lua_pushcfunction(L, spec_layout);
+    lua_setfield(L, env, "layout");
+
+    lua_pushvalue(L, env);
+    lua_newtable(L);
+    /* A spec requiring itself by name is a cycle, not a second run. */
+    const char *base_name = strrchr(run->path, '/') ? strrchr(run->path, '/') + 1 : run->path;
+    size_t blen = strlen(base_name);
+    if (blen > 4 && strcmp(base_name + blen - 4, ".lua") == 0 && is_module_name(base_name, blen - 4)) {
+        lua_pushlstring(L, base_name, blen - 4);
+        lua_pushlightuserdata(L, (void *)&module_loading);
+        lua_rawset(L, -3);
+    }
+    lua_pushcclosure(L, spec_require, 2);
+    lua_setfield(L, env, "require");
+    lua_pushvalue(L, env);
+    lua_setfield(L, env, LUA_GNAME);
+    lua_remove(L, env - 1);
+}
+
+static int run_protected(lua_State *L)
+{
+    spec_run *run = run_of(L);
+    build_env(L, run);
+    const char *text = run->text;
+    size_t len = run->text_len;
+    /* A "#!" first line is skipped like lua does, its newline kept for line numbers. */
+    if (len > 0 && text[0] == '#')
+        while (len > 0 && *text != '\n') {
+            text++;
+            len--;
+        }
+    char chunk[32];
+    chunk_name(chunk, sizeof chunk, 0);
+    if (luaL_loadbufferx(L, text, len, chunk, "t") != LUA_OK)
+        return lua_error(L);
+    lua_pushvalue(L, -2);
+    lua_setupvalue(L, -2, 1);
+    lua_call(L, 0, 0);
+    return 0;
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* Runs the spec; its layout calls end up in run->vars. */
+static int run_spec(spec_run *run, sg_diag *diag)
+{
+    lua_State *L = lua_newstate(spec_alloc, run);
+    if (!L) {
+        sg_diag_add(diag, "%s: out of memory", run->path);
+        return -1;
+    }
+    lua_sethook(L, spec_hook, LUA_MASKCOUNT, SPEC_HOOK_EVERY);
+    lua_pushcfunction(L, spec_msgh);
+    lua_pushcfunction(L, run_protected);
+    int st = lua_pcall(L, 0, 0, 1);
+    char *msg = NULL;
+    bool oom = st == LUA_ERRMEM;
+    if (st != LUA_OK && !oom) {
+        const char *m = lua_tostring(L, -1);
+        oom = run->out_of_memory && (!m || ends_with(m, "not enough memory"));
+        msg = oom ? NULL : expand_message(run, m ? m : "unknown error");
+        oom = oom || !msg;
+    }
+    run->finished = true;
+    lua_close(L);
+    if (run->too_long)
+        sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions)", run->path,
+                    SPEC_MAX_INSTRUCTIONS);
+    else if (oom)
+        sg_diag_add(diag, "%s: out of memory (a spec may use at most %d MiB)", run->path,
+                    SPEC_MAX_MEMORY_MIB);
+    else if (msg)
+        sg_diag_add(diag, "%s", msg);
+    free(msg);
+    return st == LUA_OK && !run->too_long ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------------
+ * Overrides */
+
+static void parse_override_value(const char *text, raw_value *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *digits = text + (text[0] == '-' || text[0] == '+');
+    if (*digits >= '0' && *digits <= '9' && strspn(digits, "0123456789") == strlen(digits)) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        if (errno == 0 && *end == '\0') {
+            out->kind = RAW_INT;
+            out->i = v;
+            return;
+        }
+    }
+    if (strcmp(text, "true") == 0 || strcmp(text, "false") == 0) {
+        out->kind = RAW_BOOL;
+        out->b = text[0] == 't';
+        return;
+    }
+    if (keep_string(out, text, strlen(text)) != 0) {
+        out->kind = RAW_OTHER;
+        out->other = "a string (out of memory copying it)";
+    }
+}
+
+/* Parses every -D; by_field[f] is the last one naming f. Returns the errors. */
+static int parse_overrides(const sg_override *in, size_t n, override *out, const override **by_field,
+                           sg_diag *diag)
+{
+    int errors = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *field = in[i].field ? in[i].field : "";
+        const char *value = in[i].value ? in[i].value : "";
+        override *o = &out[i];
+        if (asprintf(&o->origin, "-D %s=%s", field, value) < 0) {
+            o->origin = NULL;
+            sg_diag_add(diag, "-D %s: out of memory", field);
+            errors++;
+            continue;
+        }
+        int f = field_index(field, strlen(field));
+        if (field[0] == '\0') {
+            sg_diag_add(diag, "%s: expected -D field=value", o->origin);
+        } else if (f < 0) {
+            char advice[VALUE_BUF];
+            unknown_field_advice(advice, field, strlen(field));
+            sg_diag_add(diag, "%s: %s", o->origin, advice);
+        } else if (f == F_NAME) {
+            sg_diag_add(diag, "%s: name cannot be overridden (each variant needs its own)", o->origin);
+        } else {
+            o->field = (enum field)f;
+            parse_override_value(value, &o->value);
+            by_field[f] = o;
+            continue;
+        }
+        errors++;
+    }
+    return errors;
+}
+
+/* ------------------------------------------------------------------------
+ * Validation */
+
+typedef struct check {
+    const spec_run *run;
+    const raw_variant *rv;
+    const override *const *ovr;   /* per field, or NULL */
+    char label[SG_NAME_MAX + 24]; /* "dsv3" or "#3" */
+    sg_diag *diag;
+    int errors;
+} check;
+
+static const raw_value *value_of(const check *c, enum field f)
+{
+    return c->ovr[f] ? &c->ovr[f]->value : &c->rv->field[f];
+}
+
+static void field_error(check *c, enum field f, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void field_error(check *c, enum field f, const char *fmt, ...)
+{
+    char detail[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    const char *origin = c->ovr[f] ? c->ovr[f]->origin : NULL;
+    sg_diag_add(c->diag, "%s:%d: variant %s: field %s: %s%s%s%s", c->run->sources[c->rv->source],
+                c->rv->line, c->label, field_names[f], detail, origin ? " (from " : "",
+                origin ? origin : "", origin ? ")" : "");
+    c->errors++;
+}
+
+/* "got VALUE, expected ..." for field f. */
+static void got_expected(check *c, enum field f, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void got_expected(check *c, enum field f, const char *fmt, ...)
+{
+    char value[VALUE_BUF], expected[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(expected, sizeof expected, fmt, ap);
+    va_end(ap);
+    format_value(value, value_of(c, f));
+    field_error(c, f, "got %s, expected %s", value, expected);
+}
+
+/* 1: *out holds the value; 0: absent; -1: reported as the wrong type. */
+static int take_int(check *c, enum field f, const char *what, int64_t *out)
+{
+    const raw_value *v = value_of(c, f);
+    if (v->kind == RAW_ABSENT)
+        return 0;
+    if (v->kind == RAW_INT) {
+        *out = v->i;
+        return 1;
+    }
+    /* 7168.0 is an integer written as a float; 7168.5 is not. */
+    if (v->kind == RAW_FLOAT && isfinite(v->f) && v->f == floor(v->f) && fabs(v->f) < 9.0e18) {
+        *out = (int64_t)v->f;
+        return 1;
+    }
+    got_expected(c, f, "%s", what);
+    return -1;
+}
+
+/* A string field with a fixed set of values; *out is the index in names. */
+static bool take_choice(check *c, enum field f, const char *const *names, int count, int *out)
+{
+    const raw_value *v = value_of(c, f);
+    for (int i = 0; i < count; i++)
+        if (raw_is(v, names[i])) {
+            *out = i;
+            return true;
+        }
+    char list[VALUE_BUF] = "";
+    for (int i = 0; i < count; i++)
+        append(list, "%s\"%s\"", i == 0 ? "" : i == count - 1 ? " or " : ", ", names[i]);
+    if (f == F_COMBINE_DTYPE && raw_is(v, "fp8_e4m3"))
+        got_expected(c, f, "%s (fp8 is a dispatch dtype only: combine accumulates in fp32 "
+                     "and returns 16 or 32 bits)", list);
+    else
+        got_expected(c, f, "%s", list);
+    return false;
+}
+
+static bool name_is_usable(const raw_value *v)
+{
+    return v->kind == RAW_STRING && v->len < SG_NAME_MAX && is_identifier(v->s, v->len) && !is_keyword(v->s);
+}
+
+/* first_use: the earlier variant with the same name, or NULL. */
+static bool check_name(check *c, const raw_variant *first_use, char *name)
+{
+    const raw_value *v = value_of(c, F_NAME);
+    if (v->kind == RAW_ABSENT) {
+        field_error(c, F_NAME, "missing, expected " NAME_WHAT);
+        return false;
+    }
+    if (v->kind != RAW_STRING || !is_identifier(v->s, v->len > KEEP_STRING ? KEEP_STRING : v->len)) {
+        got_expected(c, F_NAME, NAME_WHAT);
+        return false;
+    }
+    if (v->len >= SG_NAME_MAX) {
+        got_expected(c, F_NAME, "a name of at most %d characters", SG_NAME_MAX - 1);
+        return false;
+    }
+    if (is_keyword(v->s)) {
+        got_expected(c, F_NAME, "a name that is not a C or C++ keyword");
+        return false;
+    }
+    if (first_use) {
+        if (first_use->source == c->rv->source)
+            got_expected(c, F_NAME, "a name not used before (line %d has it)", first_use->line);
+        else
+            got_expected(c, F_NAME, "a name not used before (%s:%d has it)",
+                         c->run->sources[first_use->source], first_use->line);
+        return false;
+    }
+    memcpy(name, v->s, v->len + 1);
+    return true;
+}
+
+static void report_extra_keys(check *c)
+{
+    const raw_variant *rv = c->rv;
+    const char *file = c->run->sources[rv->source];
+    size_t kept = rv->n_unknown < KEEP_UNKNOWN ? rv->n_unknown : KEEP_UNKNOWN;
+    /* Table order depends on the string hash seed: sort for stable output. */
+    size_t order[KEEP_UNKNOWN];
+    for (size_t i = 0; i < kept; i++) {
+        size_t j = i;
+        for (; j > 0 && strcmp(rv->unknown[order[j - 1]].s, rv->unknown[i].s) > 0; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+    for (size_t i = 0; i < kept; i++) {
+        const raw_value *key = &rv->unknown[order[i]];
+        char shown[VALUE_BUF], advice[VALUE_BUF];
+        format_key(shown, key);
+        unknown_field_advice(advice, key->s, key->len > KEEP_STRING ? KEEP_STRING : key->len);
+        sg_diag_add(c->diag, "%s:%d: variant %s: field %s: %s", file, rv->line, c->label, shown, advice);
+        c->errors++;
+    }
+    if (rv->n_unknown > kept) {
+        sg_diag_add(c->diag, "%s:%d: variant %s: %zu more unknown fields", file, rv->line, c->label,
+                    rv->n_unknown - kept);
+        c->errors++;
+    }
+    if (rv->n_positional > 0) {
+        char value[VALUE_BUF];
+        format_value(value, &rv->positional);
+        sg_diag_add(c->diag, "%s:%d: variant %s: got %s without a field name%s, expected field = value",
+                    file, rv->line, c->label, value, rv->n_positional > 1 ? " (and more)" : "");
+        c->errors++;
+    }
+}
+
+/* The integer fields: types, ranges, defaults. ok[f] says v holds f. */
+static void check_ints(check *c, sg_variant *v, bool *ok)
+{
+    int64_t n[F_COUNT] = { 0 };
+    for (size_t i = 0; i < sizeof int_rules / sizeof int_rules[0]; i++) {
+        const struct int_rule *r = &int_rules[i];
+        int64_t *x = &n[r->field];
+        int got = take_int(c, r->field, r->what, x);
+        if (got == 0 && r->required) {
+            field_error(c, r->field, "missing, expected %s", r->what);
+        } else if (got == 0) {
+            *x = r->fallback;
+            ok[r->field] = true;
+        } else if (got == 1 && (*x < r->min || *x > r->max)) {
+            if (r->max == INT64_MAX)
+                got_expected(c, r->field, "%s", r->what);
+            else
+                got_expected(c, r->field, "%lld..%lld", (long long)r->min, (long long)r->max);
+        } else {
+            ok[r->field] = got == 1;
+        }
+    }
+    v->hidden = (int)n[F_HIDDEN];
+    v->topk = (int)n[F_TOPK];
+    v->experts = (int)n[F_EXPERTS];
+    v->world = (int)n[F_WORLD];
+    v->max_tokens = (int)n[F_MAX_TOKENS];
+    v->capacity = n[F_CAPACITY];
+    v->capacity_set = value_of(c, F_CAPACITY)->kind != RAW_ABSENT;
+    v->align = (int)n[F_ALIGN];
+    v->sms = (int)n[F_SMS];
+}
+
+/* dtype, combine_dtype, layout, weights. */
+static void check_choices(check *c, sg_variant *v, bool *ok)
+{
+    int dtype = SYMM_DTYPE_BF16, combine = -1, layout = SYMM_LAYOUT_RANK;
+    ok[F_DTYPE] = value_of(c, F_DTYPE)->kind == RAW_ABSENT || take_choice(c, F_DTYPE, dtype_names, 4, &dtype);
+    if (value_of(c, F_COMBINE_DTYPE)->kind != RAW_ABSENT) {
+        ok[F_COMBINE_DTYPE] = take_choice(c, F_COMBINE_DTYPE, dtype_names, 3, &combine);
+    } else if (ok[F_DTYPE]) {
+        /* fp8 is not a combine dtype: its combine defaults to bf16. */
+        combine = dtype == SYMM_DTYPE_FP8_E4M3 ? SYMM_DTYPE_BF16 : dtype;
+        ok[F_COMBINE_DTYPE] = true;
+    }
+    ok[F_LAYOUT] = value_of(c, F_LAYOUT)->kind == RAW_ABSENT ||
+                   take_choice(c, F_LAYOUT, layout_names, 2, &layout);
+    v->dtype = (symm_dtype)dtype;
+    v->combine_dtype = (symm_dtype)(combine < 0 ? 0 : combine);
+    v->layout = (symm_layout)layout;
+
+    const raw_value *w = value_of(c, F_WEIGHTS);
+    v->weights = w->kind == RAW_ABSENT || (w->kind == RAW_BOOL && w->b);
+    ok[F_WEIGHTS] = w->kind == RAW_ABSENT || w->kind == RAW_BOOL;
+    if (!ok[F_WEIGHTS])
+        got_expected(c, F_WEIGHTS, "true or false");
+}
+
+/* The largest max_tokens whose worst case fits both limits (0 if none). */
+static int64_t max_tokens_that_fit(const sg_variant *v, int64_t row_bytes)
+{
+    sg_variant t = *v;
+    int64_t lo = 0, hi = v->max_tokens;
+    while (hi - lo > 1) {
+        t.max_tokens = (int)((lo + hi) / 2);
+        int64_t worst = sg_worst_capacity(&t);
+        if (worst <= INT32_MAX && worst * row_bytes <= BUFFER_BYTES_MAX)
+            lo = t.max_tokens;
+        else
+            hi = t.max_tokens;
+    }
+    return lo;
+}
+
+static void check_sizes(check *c, sg_variant *v)
+{
+    int64_t worst = sg_worst_capacity(v);
+    int elt = symm_dtype_size(v->dtype), celt = symm_dtype_size(v->combine_dtype);
+    int64_t row = (int64_t)v->hidden * (elt > celt ? elt : celt);
+    const char *formula = v->layout == SYMM_LAYOUT_RANK
+        ? "world * max_tokens"
+        : "world * max_tokens * min(topk, experts/world) + (experts/world) * (align - 1)";
+    if (worst > INT32_MAX || worst * row > BUFFER_BYTES_MAX) {
+        char why[VALUE_BUF] = "";
+        if (worst > INT32_MAX)
+            append(why, "the worst-case capacity, %lld rows, must fit in int32", (long long)worst);
+        else
+            append(why, "the worst-case buffers, %lld rows of %lld bytes, must fit in 1 TiB",
+                   (long long)worst, (long long)row);
+        int64_t fit = max_tokens_that_fit(v, row);
+        if (fit > 0) {
+            got_expected(c, F_MAX_TOKENS, "at most %lld (%s)", (long long)fit, why);
+            return;
+        }
+        sg_variant one = *v;
+        one.max_tokens = 1;
+        got_expected(c, F_MAX_TOKENS, "a smaller hidden, experts/world or align (even at max_tokens 1 "
+                     "the worst case is %lld rows of %lld bytes, more than int32 rows or 1 TiB)",
+                     (long long)sg_worst_capacity(&one), (long long)row);
+        return;
+    }
+    if (v->capacity_set && v->capacity > worst)
+        got_expected(c, F_CAPACITY, "1..%lld (the worst case, %s)", (long long)worst, formula);
+    if (!v->capacity_set)
+        v->capacity = worst;
+}
+
+static void check_combinations(check *c, sg_variant *v, const bool *ok)
+{
+    if (ok[F_HIDDEN] && ok[F_DTYPE] && ok[F_COMBINE_DTYPE]) {
+        int need = 16 / symm_dtype_size(v->dtype), cneed = 16 / symm_dtype_size(v->combine_dtype);
+        if (v->dtype == SYMM_DTYPE_FP8_E4M3 && v->hidden % SYMM_FP8_BLOCK != 0)
+            got_expected(c, F_HIDDEN, "a multiple of %d for fp8_e4m3 (one scale per %d elements)",
+                         SYMM_FP8_BLOCK, SYMM_FP8_BLOCK);
+        else if (v->hidden % need != 0)
+            got_expected(c, F_HIDDEN, "a multiple of %d for %s (rows of whole 16-byte vectors)",
+                         need, sg_dtype_name(v->dtype));
+        else if (v->hidden % cneed != 0)
+            got_expected(c, F_HIDDEN, "a multiple of %d for combine_dtype %s (rows of whole 16-byte vectors)",
+                         cneed, sg_dtype_name(v->combine_dtype));
+    }
+    bool shape = ok[F_TOPK] && ok[F_EXPERTS] && ok[F_WORLD];
+    if (ok[F_TOPK] && ok[F_EXPERTS] && v->topk > v->experts) {
+        got_expected(c, F_TOPK, "1..%d (at most experts)", v->experts);
+        shape = false;
+    }
+    if (ok[F_EXPERTS] && ok[F_WORLD] && v->experts % v->world != 0) {
+        got_expected(c, F_EXPERTS, "a multiple of world (%d)", v->world);
+        shape = false;
+    }
+    bool aligned = ok[F_ALIGN] && ok[F_LAYOUT];
+    if (aligned && v->layout == SYMM_LAYOUT_RANK && v->align != 1) {
+        got_expected(c, F_ALIGN, "1 (align applies only to layout \"expert\")");
+        aligned = false;
+    }
+    if (shape && aligned && ok[F_HIDDEN] && ok[F_MAX_TOKENS] && ok[F_DTYPE] && ok[F_COMBINE_DTYPE] &&
+        ok[F_CAPACITY])
+        check_sizes(c, v);
+}
+
+static void check_variant(check *c, const raw_variant *first_use, sg_variant *v)
+{
+    bool ok[F_COUNT] = { false };
+    memset(v, 0, sizeof *v);
+    v->line = c->rv->line;
+    report_extra_keys(c);
+    ok[F_NAME] = check_name(c, first_use, v->name);
+    check_ints(c, v, ok);
+    check_choices(c, v, ok);
+    check_combinations(c, v, ok);
+}
+
+/* For each variant, the earlier variant with the same (usable) name. */
+static int cmp_by_name(const void *a, const void *b, void *vars)
+{
+    const raw_variant *rv = vars;
+    size_t ia = *(const size_t *)a, ib = *(const size_t *)b;
+    int d = strcmp(rv[ia].field[F_NAME].s, rv[ib].field[F_NAME].s);
+    return d ? d : (ia > ib) - (ia < ib);
+}
+
+static int find_first_uses(const spec_run *run, const raw_variant **first)
+{
+    size_t *order = malloc((run->n_vars + 1) * sizeof *order), n = 0;
+    if (!order)
+        return -1;
+    for (size_t i = 0; i < run->n_vars; i++)
+        if (name_is_usable(&run->vars[i].field[F_NAME]))
+            order[n++] = i;
+    qsort_r(order, n, sizeof *order, cmp_by_name, run->vars);
+    for (size_t i = 1; i < n; i++) {
+        const raw_variant *prev = &run->vars[order[i - 1]], *cur = &run->vars[order[i]];
+        if (strcmp(prev->field[F_NAME].s, cur->field[F_NAME].s) == 0)
+            first[order[i]] = first[order[i - 1]] ? first[order[i - 1]] : prev;
+    }
+    free(order);
+    return 0;
+}
+
+static int validate(const spec_run *run, const override *const *ovr, sg_variant *out, sg_diag *diag)
+{
+    const raw_variant **first = calloc(run->n_vars + 1, sizeof *first);
+    if (!first || find_first_uses(run, first) != 0) {
+        free(first);
+        sg_diag_add(diag, "%s: out of memory", run->path);
+        return 1;
+    }
+    int errors = 0;
+    for (size_t i = 0; i < run->n_vars; i++) {
+        check c = { .run = run, .rv = &run->vars[i], .ovr = ovr, .diag = diag };
+        const raw_value *name = value_of(&c, F_NAME);
+        if (name_is_usable(name))
+            snprintf(c.label, sizeof c.label, "%s", name->s);
+        else
+            snprintf(c.label, sizeof c.label, "#%zu", i + 1);
+        check_variant(&c, first[i], &out[i]);
+        errors += c.errors;
+    }
+    free(first);
+    return errors;
+}
+
+/* ------------------------------------------------------------------------
+ * The interface */
+
+static void run_free(spec_run *run)
+{
+    for (size_t i = 0; i < run->n_vars; i++) {
+        raw_variant *v = &run->vars[i];
+        for (int f = 0; f < F_COUNT; f++)
+            raw_free(&v->field[f]);
+        for (size_t k = 0; k < v->n_unknown && k < KEEP_UNKNOWN; k++)
+            raw_free(&v->unknown[k]);
+        raw_free(&v->positional);
+    }
+    free(run->vars);
+    for (size_t i = 0; i < run->n_sources; i++)
+        free(run->sources[i]);
+    free(run->sources);
+    free(run->dir);
+}
+
+static int prepare(spec_run *run, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    size_t dlen = slash ? (size_t)(slash - path) + 1 : 0;
+    char *own = strdup(path);
+    run->path = path;
+    run->dir = strndup(path, dlen);
+    if (!own || !run->dir) {
+        free(own);
+        return -1;
+    }
+    return add_source(run, own) < 0 ? -1 : 0;
+}
+
+int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overrides,
+                 sg_spec *out, sg_diag *diag)
+{
+    if (!path) {
+        sg_diag_add(diag, "sg_spec_load: no spec path given");
+        return -1;
+    }
+    spec_run run = { 0 };
+    override *ovr = calloc(n_overrides + 1, sizeof *ovr);
+    const override *by_field[F_COUNT] = { 0 };
+    sg_variant *variants = NULL;
+    char *text = NULL;
+    int errors = 0, rc = -1;
+    if (!ovr || prepare(&run, path) != 0) {
+        sg_diag_add(diag, "%s: out of memory", path);
+        goto done;
+    }
+    errors = parse_overrides(overrides, n_overrides, ovr, by_field, diag);
+    int err = read_file(path, &text, &run.text_len);
+    if (err != 0) {
+        char why[VALUE_BUF];
+        read_error_text(why, err);
+        sg_diag_add(diag, "%s: %s", path, why);
+        goto done;
+    }
+    run.text = text;
+    int ran = run_spec(&run, diag);
+    free(text);
+    run.text = NULL;
+    if (ran != 0)
+        goto done;
+    if (run.n_vars == 0) {
+        sg_diag_add(diag, "%s: declares no variants (call layout { ... })", path);
+        goto done;
+    }
+    variants = calloc(run.n_vars, sizeof *variants);
+    if (!variants) {
+        sg_diag_add(diag, "%s: out of memory", path);
+        goto done;
+    }
+    errors += validate(&run, by_field, variants, diag);
+    char *own_path = errors == 0 ? strdup(path) : NULL;
+    if (errors == 0 && !own_path)
+        sg_diag_add(diag, "%s: out of memory", path);
+    if (own_path) {
+        out->path = own_path;
+        out->variants = variants;
+        out->count = run.n_vars;
+        variants = NULL;
+        rc = 0;
+    }
+done:
+    free(variants);
+    for (size_t i = 0; ovr && i < n_overrides; i++) {
+        raw_free(&ovr[i].value);
+        free(ovr[i].origin);
+    }
+    free(ovr);
+    run_free(&run);
+    return rc;
+}
+
+void sg_spec_free(sg_spec *spec)
+{
+    if (!spec)
+        return;
+    free(spec->path);
+    free(spec->variants);
+    memset(spec, 0, sizeof *spec);
+}
+
+const char *sg_dtype_name(symm_dtype d)
+{
+    return (unsigned)d < sizeof dtype_names / sizeof dtype_names[0] ? dtype_names[d] : "unknown";
+}
+
+const char *sg_layout_name(symm_layout l)
+{
+    return (unsigned)l < sizeof layout_names / sizeof layout_names[0] ? layout_names[l] : "unknown";
+}

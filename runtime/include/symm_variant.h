@@ -1,0 +1,145 @@
+/* symm_variant.h: running a generated variant: create it on a world, dispatch,
+ * combine, read its results and statistics, destroy it.
+ *
+ * A variant is described by a symm_variant_desc that symmgen writes into the
+ * variant's C stub (<name>.c), with its CUDA source inside. The typed
+ * functions of the stub (<name>_create, <name>_dispatch, ...) call these.
+ *
+ * Calls on one variant are stream-ordered and must be issued in the same order
+ * on every rank. Dispatch and combine never allocate, compile or wait on the
+ * host (native backend), so both can be captured in a CUDA graph. Results of a
+ * dispatch stay valid until the next dispatch on the same variant. */
+#ifndef SYMM_VARIANT_H
+#define SYMM_VARIANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+#include "symm_status.h"
+#include "symm_types.h"
+#include "symm_world.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of symm_variant_desc; a stub built for another version is refused. */
+#define SYMM_DESC_ABI 1
+
+typedef struct symm_region_desc {
+    uint64_t offset; /* from the start of the symmetric buffer or of the scratch */
+    uint64_t bytes;  /* 0: not used by this variant */
+    int symmetric;   /* 1: symmetric buffer, 0: local scratch */
+} symm_region_desc;
+
+/* Everything the runtime needs to know of one generated variant. */
+typedef struct symm_variant_desc {
+    int abi;                    /* SYMM_DESC_ABI */
+    const char *name;
+    const char *spec_file;
+    const char *symmgen_version;
+    int hidden, topk, experts, world, max_tokens;
+    symm_dtype dtype, combine_dtype;
+    symm_layout layout;
+    int weights, align, sms;
+    int64_t capacity, worst_capacity;
+    uint64_t symmetric_bytes;   /* per rank, before rounding to the VMM granularity */
+    uint64_t scratch_bytes;     /* per rank, local device memory */
+    symm_region_desc regions[SYMM_REGION_COUNT];
+    const char *source;         /* the CUDA source (NUL-terminated) */
+    size_t source_len;
+    const char *source_sha256;  /* hex SHA-256 of source, as in the manifest */
+    const char *const *nvrtc_options; /* besides --gpu-architecture */
+    int n_nvrtc_options;
+} symm_variant_desc;
+
+typedef enum symm_backend {
+    SYMM_BACKEND_DEFAULT = 0, /* SYMM_BACKEND from the environment, else native */
+    SYMM_BACKEND_NATIVE,      /* generated kernels over NVLink symmetric memory */
+    SYMM_BACKEND_NCCL,        /* NCCL send/receive (needs host counts; not capturable) */
+} symm_backend;
+
+typedef struct symm_variant_options {
+    symm_backend backend;
+    const char *cache_dir;    /* JIT cache; NULL: the default (SYMM_CACHE_DIR, ...) */
+    double timeout_s;         /* device waits; 0: the world's timeout */
+} symm_variant_options;
+
+typedef struct symm_variant symm_variant;
+
+/* Collective. Checks desc against the world (same world size), allocates the
+ * symmetric buffer and the scratch, JIT-compiles the source (through the disk
+ * cache), loads it, checks that every block of a launch can be resident.
+ * All or nothing: on failure everything is released. opts may be NULL. */
+symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc,
+                                const symm_variant_options *opts, symm_variant **out);
+
+/* Collective. Waits for this rank's work on the variant, then frees it. */
+symm_status symm_variant_destroy(symm_variant *v);
+
+const symm_variant_desc *symm_variant_describe(const symm_variant *v);
+symm_backend symm_variant_backend(const symm_variant *v);
+
+/* Dispatch input, all device memory of this rank. */
+typedef struct symm_dispatch_args {
+    int tokens;                 /* T, 0..max_tokens; ignored when tokens_dev is set */
+    const int32_t *tokens_dev;  /* optional: T read on the device (graph replays);
+                                   a value above max_tokens is clamped and reported */
+    const void *x;              /* [T, hidden] dtype, 16-byte aligned */
+    const float *x_scales;      /* fp8: [T, hidden/128]; else NULL */
+    const int32_t *topk_idx;    /* [T, topk] */
+    const float *topk_weights;  /* [T, topk] when the variant has weights; else NULL */
+} symm_dispatch_args;
+
+symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
+
+/* Combine: y [capacity, hidden] combine dtype, aligned with recv_x (any
+ * device memory, recv_x itself included when the dtypes agree); out
+ * [T, hidden] combine dtype with T of the last dispatch. */
+symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUstream stream);
+
+/* Where the results of the last dispatch live (device pointers owned by the
+ * variant; valid until the next dispatch). */
+typedef struct symm_recv_buffers {
+    CUdeviceptr x;            /* [capacity, hidden] dtype */
+    CUdeviceptr scales;       /* fp8: [capacity, hidden/128] float; else 0 */
+    CUdeviceptr src;          /* [capacity] int32 x4: {src rank, src token, k or -1, 0} */
+    CUdeviceptr topk_idx;     /* layout rank: [capacity, topk] int32 local ids or -1; else 0 */
+    CUdeviceptr weights;      /* [capacity, topk] (rank) or [capacity] (expert) float; 0 without weights */
+    CUdeviceptr expert_count; /* [local experts] int32 */
+    CUdeviceptr expert_offset;/* layout expert: [local experts] int32; else 0 */
+    CUdeviceptr rows;         /* int32: rows received (see symm_variant_stats) */
+} symm_recv_buffers;
+
+symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out);
+
+/* Per-call statistics of the last dispatch and the sticky device error. */
+typedef struct symm_variant_stats {
+    uint64_t calls;        /* dispatches so far */
+    int tokens;            /* T of the last dispatch (after clamping) */
+    int recv_rows;         /* rows received */
+    int invalid;           /* invalid topk entries (out of range or repeated) */
+    int dropped_send;      /* rows this rank sent that did not fit at their destination */
+    int dropped_recv;      /* rows meant for this rank that did not fit */
+    int clamped;           /* T from device memory was above max_tokens */
+    int timed_out;         /* a device wait timed out ... */
+    int timeout_peer;      /* ... waiting for this rank ... */
+    int timeout_phase;     /* ... in this phase: 1 counts, 2 rows, 3 combine */
+} symm_variant_stats;
+
+/* Copy the statistics to the host after the variant's work queued so far on
+ * stream has finished (this synchronizes that stream). Returns SYMM_OK when the
+ * last dispatch was clean, SYMM_ERR_OVERFLOW when rows were dropped, ids were
+ * invalid or T was clamped, SYMM_ERR_TIMEOUT when a device wait timed out (the
+ * message names the peer and the phase). A timeout is sticky: the ranks no
+ * longer agree on where the exchange stands, so every later call fails fast
+ * and the variant must be destroyed (which still works and frees everything)
+ * and created again. stats may be NULL. */
+symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,635 @@
+/* symmrun.c: the launcher. `symmrun -n N prog args...` starts N ranks of prog
+ * on this host with the SYMM_* variables that symm_world_create_from_env()
+ * reads, prefixes every line they print with their rank, passes signals on,
+ * and stops the whole job when one rank fails.
+ *
+ * One thread, one poll() loop over a signalfd (SIGCHLD, SIGINT, SIGTERM,
+ * SIGHUP, all blocked) and every rank's stdout and stderr pipe, so that no
+ * full pipe and no signal is ever left waiting. Each rank runs in its own
+ * process group (signals reach what it started too) and dies with symmrun
+ * (PR_SET_PDEATHSIG), so no rank outlives a symmrun killed with SIGKILL. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SYMM_VERSION
+#define SYMM_VERSION "unknown"
+#endif
+
+#define MAX_RANKS 1024
+#define KILL_GRACE_S 2.0
+#define READ_CHUNK 65536
+/* A line longer than this is cut (and each part ends with a newline). */
+#define MAX_LINE (1u << 20)
+
+static const char usage_text[] =
+    "usage: symmrun -n N [--gpus LIST] [--timeout S] [--] PROG [ARGS...]\n"
+    "\n"
+    "Start N ranks of PROG on this host. Each gets SYMM_RANK, SYMM_WORLD_SIZE,\n"
+    "SYMM_LOCAL_RANK, SYMM_JOB_ID (unique to this run) and SYMM_JOB_SECRET (32\n"
+    "fresh random bytes), which symm_world_create_from_env() reads.\n"
+    "\n"
+    "  -n N          number of ranks, 1..1024\n"
+    "  --gpus LIST   comma-separated device ordinals: rank r gets SYMM_DEVICE set to\n"
+    "                LIST[r %% len]; without it SYMM_DEVICE is unset, and a rank\n"
+    "                uses the device of its local rank\n"
+    "  --timeout S   SYMM_TIMEOUT of the ranks: the seconds any wait of the world\n"
+    "                may take before it fails\n"
+    "  -h, --help    show this text\n"
+    "  --version     show the version\n"
+    "\n"
+    "Every line a rank writes to stdout or stderr is written to symmrun's stdout or\n"
+    "stderr with the prefix \"[r] \". Rank 0 reads symmrun's stdin unless that is a\n"
+    "terminal; the other ranks read /dev/null. SIGINT, SIGTERM and SIGHUP are\n"
+    "passed on to every rank (a second one kills them). When a rank exits non-zero\n"
+    "or is killed, the others get SIGTERM, then SIGKILL %g s later.\n"
+    "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1\n"
+    "are set unless already set: NVLink multicast stays off.\n"
+    "\n"
+    "Exit status: 0 when every rank succeeds; else that of the first rank to fail\n"
+    "(128+N for a rank killed by signal N); 2 for a usage error; 127 when PROG is\n"
+    "not found, 126 when it cannot be run.\n";
+
+typedef struct options {
+    int n;
+    int *gpus;
+    int ngpus;
+    const char *timeout;
+    char **argv;
+} options;
+
+typedef struct stream {
+    int fd;  /* read end of the rank's pipe; -1 once closed */
+    int out; /* 1 or 2 */
+    char *buf;
+    size_t len, cap;
+} stream;
+
+typedef struct rank_proc {
+    pid_t pid;
+    int alive;
+    stream out, err;
+} rank_proc;
+
+typedef struct job {
+    options opt;
+    rank_proc *ranks;
+    int started, live;
+    int width;          /* digits of N-1 */
+    pid_t self;
+    char job_id[64];
+    char secret[65];
+    int failed;         /* a rank failed (or a rank could not be started) */
+    int exit_code;
+    double kill_at;     /* when SIGKILL follows SIGTERM; 0: not armed */
+    int killed;
+    int signals_seen;
+    int out_broken[3];  /* stdout/stderr of symmrun went away: drop output */
+    sigset_t saved_mask;
+    struct rlimit saved_nofile;
+    int nofile_raised;
+} job;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("symmrun: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\nTry 'symmrun --help' for more information.\n", stderr);
+    va_end(ap);
+    exit(2);
+}
+
+/* --- options --------------------------------------------------------------- */
+
+static int parse_nonneg(const char *s, long max, long *out)
+{
+    if (!*s)
+        return 0;
+    long v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return 0;
+        v = v * 10 + (*s - '0');
+        if (v > max)
+            return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static void parse_gpus(const char *s, options *o)
+{
+    size_t len = strlen(s);
+    o->gpus = calloc(len / 2 + 1, sizeof *o->gpus);
+    if (!o->gpus) {
+        fprintf(stderr, "symmrun: out of memory\n");
+        exit(1);
+    }
+    char *copy = strdup(s), *save = NULL;
+    int ok = copy && len > 0 && s[0] != ',' && s[len - 1] != ',' && !strstr(s, ",,");
+    for (char *tok = ok ? strtok_r(copy, ",", &save) : NULL; ok && tok; tok = strtok_r(NULL, ",", &save)) {
+        long v = 0;
+        ok = parse_nonneg(tok, 1 << 20, &v);
+        o->gpus[o->ngpus++] = (int)v;
+    }
+    free(copy);
+    if (!ok || o->ngpus == 0)
+        usage_error("--gpus: got \"%s\", expected a comma-separated list of device ordinals (for example 0,1)", s);
+}
+
+static void parse_timeout(const char *s)
+{
+    char *end = NULL;
+    double v = 0;
+    int ok = *s && strspn(s, "0123456789.eE+-") == strlen(s);
+    if (ok) {
+        errno = 0;
+        v = strtod(s, &end);
+        ok = errno == 0 && *end == '\0' && isfinite(v) && v > 0 && v <= 1e6;
+    }
+    if (!ok)
+        usage_error("--timeout: got \"%s\", expected a positive number of seconds (for example 60 or 2.5)", s);
+}
+
+/* The value of option name: "--name=value", "-nVALUE" or the next argument. */
+static const char *option_value(int argc, char **argv, int *i, const char *name, size_t name_len)
+{
+    const char *a = argv[*i];
+    if (a[name_len] == '=' && a[1] == '-')
+        return a + name_len + 1;
+    if (a[name_len] != '\0')
+        return a + name_len;
+    if (*i + 1 >= argc)
+        usage_error("%s: missing value", name);
+    return argv[++*i];
+}
+
+static void parse_args(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf(usage_text, KILL_GRACE_S);
+            exit(0);
+        }
+        if (!strcmp(a, "--version")) {
+            printf("symmrun (symmgen) %s\n", SYMM_VERSION);
+            exit(0);
+        }
+        if (!strncmp(a, "-n", 2)) {
+            const char *v = option_value(argc, argv, &i, "-n", 2);
+            long n;
+            if (!parse_nonneg(v, MAX_RANKS, &n) || n < 1)
+                usage_error("-n: got \"%s\", expected a positive integer up to %d", v, MAX_RANKS);
+            o->n = (int)n;
+        } else if (!strncmp(a, "--gpus", 6) && (a[6] == '\0' || a[6] == '=')) {
+            parse_gpus(option_value(argc, argv, &i, "--gpus", 6), o);
+        } else if (!strncmp(a, "--timeout", 9) && (a[9] == '\0' || a[9] == '=')) {
+            o->timeout = option_value(argc, argv, &i, "--timeout", 9);
+            parse_timeout(o->timeout);
+        } else if (a[0] == '-' && a[1] != '\0') {
+            usage_error("unknown option \"%s\"", a);
+        } else {
+            break;
+        }
+    }
+    if (o->n == 0)
+        usage_error("-n N is required");
+    if (i >= argc)
+        usage_error("missing PROG: what should the ranks run?");
+    o->argv = argv + i;
+}
+
+/* execvp's search, done once before starting anything: 0, 127 (not found)
+ * or 126 (found but not executable). */
+static int find_program(const char *prog)
+{
+    if (strchr(prog, '/')) {
+        if (access(prog, X_OK) == 0)
+            return 0;
+        return errno == ENOENT || errno == ENOTDIR ? 127 : 126;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    int seen = 0;
+    for (const char *p = path;; p++) {
+        const char *end = strchr(p, ':');
+        size_t dl = end ? (size_t)(end - p) : strlen(p);
+        char full[PATH_MAX];
+        int n = snprintf(full, sizeof full, "%.*s/%s", (int)dl, dl ? p : ".", prog);
+        struct stat st;
+        if (n > 0 && n < (int)sizeof full && stat(full, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (access(full, X_OK) == 0)
+                return 0;
+            seen = 1;
+        }
+        if (!end)
+            break;
+        p = end;
+    }
+    return seen ? 126 : 127;
+}
+
+static void random_hex(char *out, size_t bytes)
+{
+    unsigned char buf[64];
+    size_t got = 0;
+    while (got < bytes) {
+        ssize_t k = getrandom(buf + got, bytes - got, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            fprintf(stderr, "symmrun: getrandom: %s\n", strerror(errno));
+            exit(1);
+        }
+        got += (size_t)k;
+    }
+    for (size_t i = 0; i < bytes; i++)
+        snprintf(out + 2 * i, 3, "%02x", buf[i]);
+}
+
+/* --- output ---------------------------------------------------------------- */
+
+static void write_all(job *j, int fd, struct iovec *iov, int n)
+{
+    while (n > 0 && !j->out_broken[fd]) {
+        ssize_t k = writev(fd, iov, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN) {
+                struct pollfd p = {.fd = fd, .events = POLLOUT};
+                poll(&p, 1, -1);
+                continue;
+            }
+            j->out_broken[fd] = 1; /* EPIPE and the like: keep draining, drop output */
+            return;
+        }
+        while (n > 0 && (size_t)k >= iov->iov_len) {
+            k -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + k;
+            iov->iov_len -= (size_t)k;
+        }
+    }
+}
+
+/* One whole line, prefix and newline included, in one writev. */
+static void write_line(job *j, int rank, int out, const char *p, size_t n)
+{
+    char prefix[32];
+    int pl = snprintf(prefix, sizeof prefix, "[%*d] ", j->width, rank);
+    struct iovec iov[3] = {{prefix, (size_t)pl}, {(void *)p, n}, {"\n", 1}};
+    write_all(j, out, iov, 3);
+}
+
+static void emit_lines(job *j, int rank, stream *s, int at_eof)
+{
+    size_t start = 0;
+    for (;;) {
+        char *nl = memchr(s->buf + start, '\n', s->len - start);
+        if (!nl)
+            break;
+        write_line(j, rank, s->out, s->buf + start, (size_t)(nl - (s->buf + start)));
+        start = (size_t)(nl - s->buf) + 1;
+    }
+    if (s->len > start && (at_eof || s->len - start >= MAX_LINE)) {
+        write_line(j, rank, s->out, s->buf + start, s->len - start);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+}
+
+static void stream_close(job *j, int rank, stream *s)
+{
+    emit_lines(j, rank, s, 1);
+    close(s->fd);
+    s->fd = -1;
+    free(s->buf);
+    s->buf = NULL;
+    s->len = s->cap = 0;
+}
+
+/* Read what is there; returns 0 once the stream is closed or drained. */
+static int stream_read(job *j, int rank, stream *s)
+{
+    if (s->cap - s->len < READ_CHUNK) {
+        size_t cap = s->len + READ_CHUNK;
+        char *buf = realloc(s->buf, cap);
+        if (!buf) {
+            stream_close(j, rank, s);
+            return 0;
+        }
+        s->buf = buf;
+        s->cap = cap;
+    }
+    ssize_t k = read(s->fd, s->buf + s->len, s->cap - s->len);
+    if (k > 0) {
+        s->len += (size_t)k;
+        emit_lines(j, rank, s, 0);
+        return 1;
+    }
+    if (k < 0 && errno == EINTR)
+        return 1;
+    if (k < 0 && errno == EAGAIN)
+        return 0;
+    stream_close(j, rank, s);
+    return 0;
+}
+
+/* --- ranks ----------------------------------------------------------------- */
+
+static void signal_all(job *j, int sig)
+{
+    for (int r = 0; r < j->started; r++)
+        if (j->ranks[r].alive && kill(-j->ranks[r].pid, sig) != 0)
+            kill(j->ranks[r].pid, sig); /* its group may not exist yet */
+}
+
+static void fail_job(job *j, int code)
+{
+    if (j->failed)
+        return;
+    j->failed = 1;
+    j->exit_code = code;
+    signal_all(j, SIGTERM);
+    j->kill_at = now_s() + KILL_GRACE_S;
+}
+
+static void setenv_int(const char *name, int v)
+{
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", v);
+    setenv(name, buf, 1);
+}
+
+/* In the child: become rank r and exec; never returns. */
+static void child_exec(job *j, int r, int out_fd, int err_fd)
+{
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != j->self)
+        _exit(137); /* symmrun is gone already */
+    if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+        _exit(126);
+    if (r != 0 || isatty(0)) {
+        int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null >= 0)
+            dup2(null, 0);
+    }
+    if (j->nofile_raised)
+        setrlimit(RLIMIT_NOFILE, &j->saved_nofile);
+    sigprocmask(SIG_SETMASK, &j->saved_mask, NULL);
+    setenv_int("SYMM_RANK", r);
+    setenv_int("SYMM_WORLD_SIZE", j->opt.n);
+    setenv_int("SYMM_LOCAL_RANK", r);
+    setenv("SYMM_JOB_ID", j->job_id, 1);
+    setenv("SYMM_JOB_SECRET", j->secret, 1);
+    if (j->opt.ngpus > 0)
+        setenv_int("SYMM_DEVICE", j->opt.gpus[r % j->opt.ngpus]);
+    else
+        unsetenv("SYMM_DEVICE");
+    if (j->opt.timeout)
+        setenv("SYMM_TIMEOUT", j->opt.timeout, 1);
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
+    setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+    execvp(j->opt.argv[0], j->opt.argv);
+    int err = errno;
+    dprintf(2, "symmrun: %s: %s\n", j->opt.argv[0], strerror(err));
+    _exit(err == ENOENT || err == ENOTDIR ? 127 : 126);
+}
+
+static int spawn(job *j, int r)
+{
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0)
+        return -1;
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        close(out[0]);
+        close(out[1]);
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0)
+        child_exec(j, r, out[1], err[1]);
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(err[0]);
+        return -1;
+    }
+    setpgid(pid, pid); /* also done by the child: whoever is first */
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    j->ranks[r] = (rank_proc){.pid = pid, .alive = 1, .out = {.fd = out[0], .out = 1},
+                              .err = {.fd = err[0], .out = 2}};
+    j->started++;
+    j->live++;
+    return 0;
+}
+
+static void reap(job *j)
+{
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0)
+            return;
+        int r = 0;
+        while (r < j->started && j->ranks[r].pid != pid)
+            r++;
+        if (r == j->started || !j->ranks[r].alive)
+            continue;
+        j->ranks[r].alive = 0;
+        j->live--;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (code == 0 || j->failed)
+            continue;
+        if (WIFSIGNALED(status))
+            fprintf(stderr, "symmrun: rank %d was killed by signal %d (%s)%s\n", r, WTERMSIG(status),
+                    strsignal(WTERMSIG(status)), j->live ? "; stopping the other ranks" : "");
+        else
+            fprintf(stderr, "symmrun: rank %d exited with status %d%s\n", r, code,
+                    j->live ? "; stopping the other ranks" : "");
+        fail_job(j, code);
+    }
+}
+
+static void handle_signals(job *j, int sfd)
+{
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        int sig = (int)si.ssi_signo;
+        if (sig == SIGCHLD) {
+            reap(j);
+        } else if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+            /* Pass it on; a second one means "now". */
+            signal_all(j, ++j->signals_seen > 1 ? SIGKILL : sig);
+        }
+    }
+}
+
+static void event_loop(job *j, int sfd)
+{
+    int cap = 1 + 2 * j->started;
+    struct pollfd *pfd = calloc((size_t)cap, sizeof *pfd);
+    stream **who = calloc((size_t)cap, sizeof *who);
+    int *who_rank = calloc((size_t)cap, sizeof *who_rank);
+    if (!pfd || !who || !who_rank) {
+        fprintf(stderr, "symmrun: out of memory\n");
+        signal_all(j, SIGKILL);
+        exit(1);
+    }
+    while (j->live > 0) {
+        int n = 0;
+        pfd[n++] = (struct pollfd){.fd = sfd, .events = POLLIN};
+        for (int r = 0; r < j->started; r++) {
+            stream *ss[2] = {&j->ranks[r].out, &j->ranks[r].err};
+            for (int k = 0; k < 2; k++)
+                if (ss[k]->fd >= 0) {
+                    who[n] = ss[k];
+                    who_rank[n] = r;
+                    pfd[n++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
+                }
+        }
+        int ms = -1;
+        if (j->kill_at > 0 && !j->killed) {
+            double left = j->kill_at - now_s();
+            ms = left <= 0 ? 0 : (int)ceil(left * 1000);
+        }
+        int k = poll(pfd, (nfds_t)n, ms);
+        if (k < 0 && errno != EINTR) {
+            fprintf(stderr, "symmrun: poll: %s\n", strerror(errno));
+            signal_all(j, SIGKILL);
+            exit(1);
+        }
+        if (j->kill_at > 0 && !j->killed && now_s() >= j->kill_at) {
+            signal_all(j, SIGKILL);
+            j->killed = 1;
+        }
+        for (int i = 1; k > 0 && i < n; i++)
+            if (pfd[i].revents)
+                stream_read(j, who_rank[i], who[i]);
+        if (k > 0 && pfd[0].revents)
+            handle_signals(j, sfd);
+    }
+    /* Every rank is gone: what they wrote is in the pipes. Whatever they left
+     * running in the background may hold a pipe open; do not wait for it. */
+    for (int r = 0; r < j->started; r++) {
+        stream *ss[2] = {&j->ranks[r].out, &j->ranks[r].err};
+        for (int s = 0; s < 2; s++) {
+            while (ss[s]->fd >= 0 && stream_read(j, r, ss[s]))
+                ;
+            if (ss[s]->fd >= 0)
+                stream_close(j, r, ss[s]);
+        }
+    }
+    free(who_rank);
+    free(who);
+    free(pfd);
+}
+
+static int setup_signals(job *j)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGPIPE); /* a closed stdout is an EPIPE to handle, not death */
+    if (sigprocmask(SIG_BLOCK, &set, &j->saved_mask) != 0)
+        return -1;
+    sigdelset(&set, SIGPIPE);
+    return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
+/* Two pipes per rank must fit under the descriptor limit. */
+static void raise_nofile(job *j)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)(2 * j->opt.n + 32);
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
+        return;
+    j->saved_nofile = rl;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        j->nofile_raised = 1;
+}
+
+int main(int argc, char **argv)
+{
+    static job j;
+    parse_args(argc, argv, &j.opt);
+    int missing = find_program(j.opt.argv[0]);
+    if (missing) {
+        fprintf(stderr, "symmrun: %s: %s\n", j.opt.argv[0],
+                missing == 127 ? "command not found" : "permission denied (not executable)");
+        return missing;
+    }
+    j.self = getpid();
+    char rnd[17];
+    random_hex(rnd, 8);
+    snprintf(j.job_id, sizeof j.job_id, "symmrun-%ld-%s", (long)j.self, rnd);
+    random_hex(j.secret, 32);
+    for (int n = j.opt.n - 1; n > 0; n /= 10)
+        j.width++;
+    if (j.width == 0)
+        j.width = 1;
+    int sfd = setup_signals(&j);
+    if (sfd < 0) {
+        fprintf(stderr, "symmrun: signals: %s\n", strerror(errno));
+        return 1;
+    }
+    raise_nofile(&j);
+    j.ranks = calloc((size_t)j.opt.n, sizeof *j.ranks);
+    if (!j.ranks) {
+        fprintf(stderr, "symmrun: out of memory\n");
+        return 1;
+    }
+    for (int r = 0; r < j.opt.n; r++)
+        if (spawn(&j, r) != 0) {
+            fprintf(stderr, "symmrun: cannot start rank %d: %s\n", r, strerror(errno));
+            fail_job(&j, 1);
+            break;
+        }
+    event_loop(&j, sfd);
+    return j.failed ? j.exit_code : 0;
+}

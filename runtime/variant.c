@@ -1,0 +1,373 @@
+/* variant.c: a generated variant at run time. Create allocates its symmetric
+ * buffer and scratch, JIT-compiles its kernels and checks they fit; dispatch
+ * and combine check their arguments on the host and launch the kernels of
+ * templates/variant.cu.in (native backend) or run over NCCL (nccl backend). */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "symm_heap.h"
+#include "symm_jit.h"
+#include "symm_variant.h"
+#include "variant_internal.h"
+
+/* Threads per block of the kernels (templates/variant.cu.in). */
+#define LAYOUT_THREADS 1024
+#define COPY_THREADS 512
+
+/* Mirrors of the template's Args and State. */
+typedef struct kernel_args {
+    CUdeviceptr x, x_scales, topk_idx, topk_weights, tokens_dev;
+    int64_t tokens;
+    CUdeviceptr y, out, peers, local, scratch;
+    int64_t rank, timeout_ns;
+} kernel_args;
+_Static_assert(sizeof(kernel_args) == 13 * 8, "kernel_args mirrors Args in variant.cu.in");
+
+static const char *const phase_names[] = {"?", "count exchange", "dispatch rows", "combine rows"};
+
+static symm_status check_desc(const symm_variant_desc *d, int world_size)
+{
+    if (!d)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: desc is NULL");
+    if (d->abi != SYMM_DESC_ABI)
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: variant %s was generated for descriptor ABI %d, "
+                         "this libsymm reads ABI %d: regenerate it with a matching symmgen",
+                         d->name ? d->name : "?", d->abi, SYMM_DESC_ABI);
+    if (d->world != world_size)
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: variant %s is for world %d, the world has %d ranks",
+                         d->name, d->world, world_size);
+    if (!d->source || d->source_len != strlen(d->source) || d->symmetric_bytes == 0 ||
+        d->scratch_bytes < d->regions[SYMM_REGION_STATE].offset + sizeof(device_state))
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: variant %s: descriptor is inconsistent "
+                         "(source length or buffer sizes)", d->name);
+    return SYMM_OK;
+}
+
+static symm_status pick_backend(const symm_variant_options *opts, symm_backend *out)
+{
+    symm_backend b = opts ? opts->backend : SYMM_BACKEND_DEFAULT;
+    if (b == SYMM_BACKEND_DEFAULT) {
+        const char *env = getenv("SYMM_BACKEND");
+        if (!env || !*env || strcmp(env, "native") == 0)
+            b = SYMM_BACKEND_NATIVE;
+        else if (strcmp(env, "nccl") == 0)
+            b = SYMM_BACKEND_NCCL;
+        else
+            return symm_fail(SYMM_ERR_INVALID_ARG,
+                             "symm_variant_create: SYMM_BACKEND=\"%s\": expected native or nccl", env);
+    }
+    if (b != SYMM_BACKEND_NATIVE && b != SYMM_BACKEND_NCCL)
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: backend %d: expected SYMM_BACKEND_DEFAULT, "
+                         "SYMM_BACKEND_NATIVE or SYMM_BACKEND_NCCL", (int)b);
+    *out = b;
+    return SYMM_OK;
+}
+
+/* JIT-compile (through the cache) and load the kernels; check that every block
+ * of a launch can be resident at once (blocks wait for each other). */
+static symm_status load_kernels(symm_variant *v, const symm_variant_options *opts)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    char arch[16];
+    SYMM_TRY(symm_jit_device_arch(symm_device_handle(v->dev), arch, sizeof arch));
+    char source_name[96];
+    snprintf(source_name, sizeof source_name, "%s.cu", v->desc->name);
+    symm_jit_request req = {
+        .source = v->desc->source,
+        .source_name = source_name,
+        .arch = arch,
+        .options = v->desc->nvrtc_options,
+        .option_count = (size_t)v->desc->n_nvrtc_options,
+        .cache_dir = opts ? opts->cache_dir : NULL,
+    };
+    symm_jit_result res;
+    symm_status st = symm_jit_compile(&req, &res);
+    if (st == SYMM_OK) {
+        v->jit_ms = res.total_ms;
+        v->jit_cache_hit = res.cache_hit;
+        st = symm_jit_load(res.cubin, res.cubin_size, &v->module);
+    }
+    symm_jit_result_free(&res);
+    SYMM_TRY(st);
+    SYMM_TRY(symm_jit_get_function(v->module, "symm_layout", &v->fn_layout));
+    SYMM_TRY(symm_jit_get_function(v->module, "symm_dispatch", &v->fn_dispatch));
+    SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
+    SYMM_TRY(symm_jit_get_function(v->module, "symm_gather_rows", &v->fn_gather));
+    SYMM_TRY(symm_jit_get_function(v->module, "symm_scatter_rows", &v->fn_scatter));
+    SYMM_TRY(symm_jit_get_function(v->module, "symm_reduce", &v->fn_reduce));
+    if (v->backend != SYMM_BACKEND_NATIVE)
+        return SYMM_OK;
+
+    const int sms = symm_device_sm_count(v->dev);
+    CUfunction waiting[2] = {v->fn_dispatch, v->fn_combine};
+    for (int i = 0; i < 2; i++) {
+        int per_sm = 0;
+        SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, 0));
+        if ((int64_t)per_sm * sms < v->desc->sms)
+            return symm_fail(SYMM_ERR_UNSUPPORTED,
+                             "symm_variant_create: variant %s: sms = %d blocks cannot all be resident "
+                             "on this GPU (%d SMs x %d blocks): lower sms in the spec",
+                             v->desc->name, v->desc->sms, sms, per_sm);
+    }
+    return SYMM_OK;
+}
+
+static void release(symm_variant *v)
+{
+    const symm_cuda_api *cu;
+    if (symm_cuda(&cu) == SYMM_OK) {
+        if (v->scratch)
+            cu->cuMemFree(v->scratch);
+        if (v->module)
+            symm_jit_unload(v->module);
+    }
+    if (v->nccl)
+        symm_variant_nccl_release(v);
+    if (v->alloc)
+        symm_alloc_destroy(v->alloc);
+    if (v->dev)
+        symm_device_close(v->dev);
+    void (*on_destroy)(void *) = v->on_destroy;
+    void *on_destroy_arg = v->on_destroy_arg;
+    free(v);
+    if (on_destroy)
+        on_destroy(on_destroy_arg);
+}
+
+symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc,
+                                const symm_variant_options *opts, symm_variant **out)
+{
+    if (!world || !out)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: %s is NULL", world ? "out" : "world");
+    *out = NULL;
+    SYMM_TRY(check_desc(desc, symm_world_size(world)));
+    if (opts && opts->timeout_s < 0)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: timeout_s %g: expected >= 0 (0: the world's)",
+                         opts->timeout_s);
+    symm_variant *v = calloc(1, sizeof *v);
+    if (!v)
+        return symm_fail(SYMM_ERR_NOMEM, "symm_variant_create: out of host memory");
+    v->world = world;
+    v->desc = desc;
+    v->rank = symm_world_rank(world);
+    double timeout = opts && opts->timeout_s > 0 ? opts->timeout_s : symm_world_timeout(world);
+    v->timeout_ns = (int64_t)(timeout * 1e9);
+
+    const symm_cuda_api *cu = NULL;
+    symm_status st = pick_backend(opts, &v->backend);
+    if (st == SYMM_OK)
+        st = symm_cuda(&cu);
+    if (st == SYMM_OK)
+        st = symm_device_open(world, &v->dev);
+    if (st == SYMM_OK)
+        st = symm_alloc_create(world, v->dev, desc->symmetric_bytes, 0, &v->alloc);
+    if (st == SYMM_OK)
+        st = symm_cuda_check(cu->cuMemAlloc(&v->scratch, desc->scratch_bytes), "cuMemAlloc(scratch)");
+    if (st == SYMM_OK)
+        st = symm_cuda_check(cu->cuMemsetD8(v->scratch, 0, desc->scratch_bytes), "cuMemsetD8(scratch)");
+    if (st == SYMM_OK)
+        st = load_kernels(v, opts);
+    if (st == SYMM_OK && v->backend == SYMM_BACKEND_NCCL)
+        st = symm_variant_nccl_setup(v);
+    /* Every rank must have succeeded before anyone uses the variant. */
+    if (st == SYMM_OK)
+        st = symm_world_barrier(world);
+    if (st != SYMM_OK) {
+        symm_fail_context(st, "symm_variant_create(%s): ", desc->name);
+        release(v);
+        return st;
+    }
+    *out = v;
+    return SYMM_OK;
+}
+
+symm_status symm_variant_destroy(symm_variant *v)
+{
+    if (!v)
+        return SYMM_OK;
+    const symm_cuda_api *cu;
+    symm_status st = symm_cuda(&cu);
+    if (st == SYMM_OK)
+        st = symm_cuda_check(cu->cuCtxSynchronize(), "symm_variant_destroy: cuCtxSynchronize");
+    release(v);
+    return st;
+}
+
+const symm_variant_desc *symm_variant_describe(const symm_variant *v) { return v ? v->desc : NULL; }
+
+symm_backend symm_variant_backend(const symm_variant *v) { return v ? v->backend : SYMM_BACKEND_DEFAULT; }
+
+static int misaligned(const void *p, size_t a) { return ((uintptr_t)p % a) != 0; }
+
+/* Host-side checks of a dispatch; nothing is queued when they fail. */
+static symm_status check_dispatch(const symm_variant *v, const symm_dispatch_args *a)
+{
+    const symm_variant_desc *d = v->desc;
+    if (!a)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: args is NULL", d->name);
+    if (!a->tokens_dev && (a->tokens < 0 || a->tokens > d->max_tokens))
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: tokens %d: expected 0..%d (max_tokens)",
+                         d->name, a->tokens, d->max_tokens);
+    const int may_have_rows = a->tokens_dev || a->tokens > 0;
+    if (may_have_rows && (!a->x || !a->topk_idx))
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: %s is NULL", d->name, a->x ? "topk_idx" : "x");
+    if (a->x && misaligned(a->x, 16))
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: x %p: expected 16-byte alignment", d->name, a->x);
+    if (a->topk_idx && misaligned(a->topk_idx, 4))
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: topk_idx %p: expected 4-byte alignment",
+                         d->name, (const void *)a->topk_idx);
+    if (d->dtype == SYMM_DTYPE_FP8_E4M3 && may_have_rows && !a->x_scales)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: x_scales is NULL: expected [T, %d] float scales for fp8_e4m3",
+                         d->name, d->hidden / SYMM_FP8_BLOCK);
+    if (d->dtype != SYMM_DTYPE_FP8_E4M3 && a->x_scales)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: x_scales given, expected NULL (dtype %s has no scales)",
+                         d->name, d->dtype == SYMM_DTYPE_FP32 ? "fp32" : d->dtype == SYMM_DTYPE_FP16 ? "fp16" : "bf16");
+    if (d->weights && may_have_rows && !a->topk_weights)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: topk_weights is NULL: the variant carries weights",
+                         d->name);
+    if (!d->weights && a->topk_weights)
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "%s dispatch: topk_weights given, expected NULL (the variant has weights = false)", d->name);
+    return SYMM_OK;
+}
+
+static void base_args(const symm_variant *v, kernel_args *k)
+{
+    memset(k, 0, sizeof *k);
+    k->peers = symm_alloc_peer_table(v->alloc);
+    k->local = symm_alloc_local(v->alloc);
+    k->scratch = v->scratch;
+    k->rank = v->rank;
+    k->timeout_ns = v->timeout_ns;
+}
+
+static symm_status launch(const symm_variant *v, CUfunction fn, unsigned blocks, unsigned threads,
+                          kernel_args *k, CUstream stream, const char *what)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    void *params[] = {k};
+    symm_status st = symm_cuda_check(cu->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, stream, params, NULL), what);
+    if (st != SYMM_OK)
+        symm_fail_context(st, "%s: ", v->desc->name);
+    return st;
+}
+
+symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream)
+{
+    if (!v)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_dispatch: variant is NULL");
+    SYMM_TRY(check_dispatch(v, args));
+    if (v->backend == SYMM_BACKEND_NCCL)
+        return symm_variant_nccl_dispatch(v, args, stream);
+    kernel_args k;
+    base_args(v, &k);
+    k.x = (CUdeviceptr)args->x;
+    k.x_scales = (CUdeviceptr)args->x_scales;
+    k.topk_idx = (CUdeviceptr)args->topk_idx;
+    k.topk_weights = (CUdeviceptr)args->topk_weights;
+    k.tokens_dev = (CUdeviceptr)args->tokens_dev;
+    k.tokens = args->tokens;
+    SYMM_TRY(launch(v, v->fn_layout, 1, LAYOUT_THREADS, &k, stream, "dispatch: launch of symm_layout"));
+    return launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
+                  "dispatch: launch of symm_dispatch");
+}
+
+symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUstream stream)
+{
+    if (!v)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_combine: variant is NULL");
+    const char *name = v->desc->name;
+    if (!y || !out)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s is NULL", name, y ? "out" : "y");
+    if (misaligned(y, 16) || misaligned(out, 16))
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s %p: expected 16-byte alignment", name,
+                         misaligned(y, 16) ? "y" : "out", misaligned(y, 16) ? y : out);
+    if (v->backend == SYMM_BACKEND_NCCL)
+        return symm_variant_nccl_combine(v, y, out, stream);
+    kernel_args k;
+    base_args(v, &k);
+    k.y = (CUdeviceptr)y;
+    k.out = (CUdeviceptr)out;
+    return launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, &k, stream, "combine: launch of symm_combine");
+}
+
+symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stream)
+{
+    kernel_args k;
+    base_args(v, &k);
+    k.out = (CUdeviceptr)out;
+    return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, &k, stream, "combine: launch of symm_reduce");
+}
+
+static CUdeviceptr region_ptr(const symm_variant *v, symm_region id)
+{
+    const symm_region_desc *r = &v->desc->regions[id];
+    if (!r->bytes)
+        return 0;
+    return (r->symmetric ? symm_alloc_local(v->alloc) : v->scratch) + r->offset;
+}
+
+symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out)
+{
+    if (!v || !out)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_recv: %s is NULL", v ? "out" : "variant");
+    out->x = region_ptr(v, SYMM_REGION_RECV_X);
+    out->scales = region_ptr(v, SYMM_REGION_RECV_SCALES);
+    out->src = region_ptr(v, SYMM_REGION_RECV_SRC);
+    out->topk_idx = region_ptr(v, SYMM_REGION_RECV_TOPK);
+    out->weights = region_ptr(v, SYMM_REGION_RECV_WEIGHTS);
+    out->expert_count = region_ptr(v, SYMM_REGION_EXPERT_COUNT);
+    out->expert_offset = v->desc->layout == SYMM_LAYOUT_EXPERT ? region_ptr(v, SYMM_REGION_EXPERT_OFFSET) : 0;
+    out->rows = region_ptr(v, SYMM_REGION_STATE) + offsetof(device_state, recv_rows);
+    return SYMM_OK;
+}
+
+symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats)
+{
+    if (!v)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_stats_read: variant is NULL");
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    SYMM_CU(cu, cuStreamSynchronize(stream));
+    device_state s;
+    SYMM_CU(cu, cuMemcpyDtoH(&s, region_ptr(v, SYMM_REGION_STATE), sizeof s));
+    symm_variant_stats local = {
+        .calls = s.seq,
+        .tokens = s.tokens,
+        .recv_rows = s.recv_rows,
+        .invalid = s.invalid,
+        .dropped_send = s.dropped_send,
+        .dropped_recv = s.dropped_recv,
+        .clamped = s.clamped,
+        .timed_out = s.err_code != 0,
+        .timeout_peer = s.err_peer,
+        .timeout_phase = s.err_phase,
+    };
+    if (stats)
+        *stats = local;
+    const char *name = v->desc->name;
+    if (local.timed_out)
+        return symm_fail(SYMM_ERR_TIMEOUT,
+                         "%s: rank %d waited more than %.3g s for rank %d in the %s of call %llu "
+                         "(is that rank alive and issuing the same calls?)",
+                         name, v->rank, (double)v->timeout_ns / 1e9, local.timeout_peer,
+                         phase_names[local.timeout_phase >= 1 && local.timeout_phase <= 3 ? local.timeout_phase : 0],
+                         (unsigned long long)s.err_seq);
+    if (local.dropped_send || local.dropped_recv || local.invalid || local.clamped)
+        return symm_fail(SYMM_ERR_OVERFLOW,
+                         "%s: rank %d, dispatch %llu: %d rows sent and %d rows received did not fit "
+                         "(capacity %lld), %d invalid topk entries%s",
+                         name, v->rank, (unsigned long long)local.calls, local.dropped_send, local.dropped_recv,
+                         (long long)v->desc->capacity, local.invalid,
+                         local.clamped ? ", T from device memory above max_tokens (clamped)" : "");
+    return SYMM_OK;
+}

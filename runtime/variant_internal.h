@@ -1,0 +1,53 @@
+/* variant_internal.h: the state of a created variant, shared by variant.c
+ * (native backend) and variant_nccl.c (NCCL backend). Internal. */
+#ifndef SYMM_VARIANT_INTERNAL_H
+#define SYMM_VARIANT_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "symm_heap.h"
+#include "symm_variant.h"
+
+struct symm_variant_nccl;
+
+/* Mirror of State in templates/variant.cu.in: the variant's local record of
+ * the last dispatch (sequence number, T, statistics, sticky error). */
+typedef struct device_state {
+    uint64_t seq;
+    int32_t tokens, recv_rows, invalid, dropped_send, dropped_recv, clamped;
+    int32_t err_code, err_peer, err_phase, pad0;
+    uint64_t err_seq;
+} device_state;
+_Static_assert(sizeof(device_state) == 56, "device_state mirrors State in variant.cu.in");
+
+struct symm_variant {
+    symm_world *world;
+    const symm_variant_desc *desc;
+    symm_backend backend;
+    int rank;
+    int64_t timeout_ns;
+    symm_device *dev;
+    symm_alloc *alloc;         /* the symmetric buffer (desc->symmetric_bytes) */
+    CUdeviceptr scratch;       /* local scratch (desc->scratch_bytes) */
+    CUmodule module;
+    CUfunction fn_layout, fn_dispatch, fn_combine;  /* native backend */
+    CUfunction fn_gather, fn_scatter, fn_reduce;    /* NCCL backend */
+    double jit_ms;
+    bool jit_cache_hit;
+    struct symm_variant_nccl *nccl; /* NCCL backend state, or NULL */
+    /* Called with on_destroy_arg after the variant is freed: symm_variant_open
+     * (manifest.c) closes the manifest that owns desc. */
+    void (*on_destroy)(void *arg);
+    void *on_destroy_arg;
+};
+
+/* NCCL backend (variant_nccl.c). */
+symm_status symm_variant_nccl_setup(symm_variant *v);
+void symm_variant_nccl_release(symm_variant *v);
+symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
+symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
+
+/* variant.c: launch symm_reduce (the sum of combine over COMBINE_IN) into out. */
+symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stream);
+
+#endif

@@ -1,0 +1,532 @@
+/* variant_nccl.c: the NCCL backend of dispatch and combine: the same API,
+ * the same rows in the same order and the same sums as the native kernels, with
+ * the rows moved by NCCL send/receive. It is the reference of the GPU tests,
+ * the baseline of the benchmarks and (later) the path to other hosts.
+ *
+ * Dispatch brings topk_idx to the host (one device-to-host copy and a stream
+ * synchronisation), computes the routing there with the rules of the native
+ * kernels, exchanges the count rows with an NCCL all-gather, packs this
+ * rank's rows per destination on the GPU and moves every contiguous run of
+ * destination rows ("chunk": a destination rank for layout rank, a
+ * destination (rank, expert) for layout expert) with one send/receive per
+ * array. Combine sends each received chunk of y back as one contiguous run,
+ * scatters what comes back into COMBINE_IN and runs the native sum. Because the
+ * host waits inside dispatch, a call during stream capture is refused. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "nccl_api.h"
+#include "symm_nccl.h"
+#include "variant_internal.h"
+
+typedef struct chunk {
+    int peer;    /* destination (sending) or source (receiving) rank */
+    int64_t row; /* first row: in the packed send buffer, or in recv_x */
+    int64_t n;   /* rows */
+} chunk;
+
+struct symm_variant_nccl {
+    symm_nccl *comm;
+    const symm_nccl_api *api;
+    int bins;            /* entries of a count row */
+    int max_dests;       /* most destinations of one token */
+    int64_t max_send;    /* max_tokens * max_dests */
+    /* host (pinned) */
+    int32_t *h_topk;     /* [max_tokens, topk] */
+    float *h_weights;    /* [max_tokens, topk] */
+    int32_t *h_counts;   /* [world, bins] */
+    int32_t *h_send_index;   /* [max_send]: token of each packed row */
+    int32_t *h_stage_index;  /* [max_send]: COMBINE_IN slot of each packed row */
+    int32_t *h_send_src;     /* [max_send, 4] */
+    int32_t *h_send_topk;    /* [max_send, topk] (layout rank) */
+    float *h_send_weights;   /* [max_send, topk] or [max_send] */
+    int32_t *h_route;        /* [max_tokens, world or topk] */
+    float *h_token_weights;  /* [max_tokens, topk] */
+    int32_t *h_expert;       /* [2, local experts]: count, offset */
+    int32_t *h_recv_topk;    /* [capacity, topk] copy back (layout rank) */
+    device_state *h_state;
+    /* device */
+    CUdeviceptr d_counts, d_send_index, d_stage_index, d_send_x, d_send_scales, d_send_src, d_send_topk,
+        d_send_weights, d_stage;
+    /* the last dispatch */
+    chunk *send_chunks, *recv_chunks;
+    int n_send, n_recv;
+    int64_t packed;      /* rows packed for sending */
+    uint64_t calls;
+};
+
+static symm_status host_alloc(const symm_cuda_api *cu, void *out, size_t bytes)
+{
+    return symm_cuda_check(cu->cuMemAllocHost((void **)out, bytes ? bytes : 16), "cuMemAllocHost (NCCL backend)");
+}
+
+static symm_status dev_alloc(const symm_cuda_api *cu, CUdeviceptr *out, size_t bytes)
+{
+    return symm_cuda_check(cu->cuMemAlloc(out, bytes ? bytes : 16), "cuMemAlloc (NCCL backend)");
+}
+
+symm_status symm_variant_nccl_setup(symm_variant *v)
+{
+    const symm_variant_desc *d = v->desc;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    struct symm_variant_nccl *n = calloc(1, sizeof *n);
+    if (!n)
+        return symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
+    v->nccl = n;
+    SYMM_TRY(symm_nccl_load(&n->api));
+    const int W = d->world, K = d->topk, L = d->experts / d->world;
+    const size_t T = (size_t)d->max_tokens, H = (size_t)d->hidden;
+    const int expert = d->layout == SYMM_LAYOUT_EXPERT;
+    n->bins = expert ? d->experts : W;
+    n->max_dests = expert ? K : (K < W ? K : W);
+    n->max_send = (int64_t)T * n->max_dests;
+    n->send_chunks = calloc((size_t)W * (expert ? L : 1), sizeof(chunk));
+    n->recv_chunks = calloc((size_t)W * (expert ? L : 1), sizeof(chunk));
+    if (!n->send_chunks || !n->recv_chunks)
+        return symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
+    const size_t S = (size_t)n->max_send, row = H * symm_dtype_size(d->dtype);
+    const size_t crow = H * symm_dtype_size(d->combine_dtype), sc = H / SYMM_FP8_BLOCK * 4;
+    SYMM_TRY(host_alloc(cu, &n->h_topk, T * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_weights, T * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_counts, (size_t)W * n->bins * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_send_index, S * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_stage_index, S * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_send_src, S * 16));
+    SYMM_TRY(host_alloc(cu, &n->h_send_topk, S * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_send_weights, S * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_route, T * (size_t)(expert ? K : W) * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_token_weights, T * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_expert, (size_t)2 * L * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_recv_topk, (size_t)d->capacity * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_state, sizeof(device_state)));
+    SYMM_TRY(dev_alloc(cu, &n->d_counts, (size_t)W * n->bins * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_send_index, S * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_stage_index, S * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_send_x, S * row));
+    SYMM_TRY(dev_alloc(cu, &n->d_send_scales, d->dtype == SYMM_DTYPE_FP8_E4M3 ? S * sc : 16));
+    SYMM_TRY(dev_alloc(cu, &n->d_send_src, S * 16));
+    SYMM_TRY(dev_alloc(cu, &n->d_send_topk, S * K * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_send_weights, S * K * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_stage, S * crow));
+    return symm_nccl_create(v->world, v->dev, &n->comm);
+}
+
+void symm_variant_nccl_release(symm_variant *v)
+{
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_cuda_api *cu;
+    if (!n)
+        return;
+    if (symm_cuda(&cu) == SYMM_OK) {
+        void *hosts[] = {n->h_topk, n->h_weights, n->h_counts, n->h_send_index, n->h_stage_index,
+                         n->h_send_src, n->h_send_topk, n->h_send_weights, n->h_route,
+                         n->h_token_weights, n->h_expert, n->h_recv_topk, n->h_state};
+        for (size_t i = 0; i < SYMM_ARRAY_LEN(hosts); i++)
+            if (hosts[i])
+                cu->cuMemFreeHost(hosts[i]);
+        CUdeviceptr devs[] = {n->d_counts, n->d_send_index, n->d_stage_index, n->d_send_x, n->d_send_scales,
+                              n->d_send_src, n->d_send_topk, n->d_send_weights, n->d_stage};
+        for (size_t i = 0; i < SYMM_ARRAY_LEN(devs); i++)
+            if (devs[i])
+                cu->cuMemFree(devs[i]);
+    }
+    if (n->comm)
+        symm_nccl_destroy(n->comm);
+    free(n->send_chunks);
+    free(n->recv_chunks);
+    free(n);
+    v->nccl = NULL;
+}
+
+static symm_status refuse_capture(const symm_variant *v, CUstream stream, const char *op)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    CUstreamCaptureStatus status;
+    SYMM_CU(cu, cuStreamIsCapturing(stream, &status));
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+        return symm_fail(SYMM_ERR_STATE,
+                         "%s %s: the NCCL backend cannot run inside CUDA graph capture (it needs the "
+                         "counts on the host); use the native backend in graphs",
+                         v->desc->name, op);
+    return SYMM_OK;
+}
+
+/* The routing of this rank's tokens, as the native layout kernel computes it:
+ * validity of every entry, the count row, each (token, bin)'s index among
+ * this rank's rows for the bin (in h_route, -1 where none). */
+static int count_and_route(const symm_variant *v, int T)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const int W = d->world, K = d->topk, E = d->experts, L = E / W;
+    const int expert = d->layout == SYMM_LAYOUT_EXPERT;
+    int32_t *row = n->h_counts + (size_t)v->rank * n->bins;
+    memset(row, 0, (size_t)n->bins * 4);
+    int invalid = 0;
+    for (int t = 0; t < T; t++) {
+        const int32_t *ids = n->h_topk + (size_t)t * K;
+        int32_t *route = n->h_route + (size_t)t * (expert ? K : W);
+        for (int i = 0; i < (expert ? K : W); i++)
+            route[i] = -1;
+        for (int k = 0; k < K; k++) {
+            const int e = ids[k];
+            int valid = e >= 0 && e < E;
+            for (int j = 0; j < k && valid; j++)
+                valid = ids[j] != e;
+            if (!valid) {
+                invalid += e != -1;
+                if (expert)
+                    n->h_token_weights[(size_t)t * K + k] = 0.0f;
+                continue;
+            }
+            if (expert) {
+                route[k] = row[e]++;
+                n->h_token_weights[(size_t)t * K + k] = d->weights ? n->h_weights[(size_t)t * K + k] : 0.0f;
+            } else if (route[e / L] < 0) {
+                route[e / L] = row[e / L]++;
+            }
+        }
+    }
+    return invalid;
+}
+
+/* base[b]: where this rank's rows for bin b start at the bin's rank (like
+ * compute_bases in the template); also what this rank receives. */
+static void bases(const symm_variant *v, int64_t *base, device_state *st)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const int W = d->world, L = d->experts / d->world, me = v->rank;
+    const int64_t cap = d->capacity;
+    for (int b = 0; b < n->bins; b++) {
+        int64_t total = 0, earlier = 0;
+        for (int s = 0; s < W; s++) {
+            total += n->h_counts[(size_t)s * n->bins + b];
+            if (s < me)
+                earlier += n->h_counts[(size_t)s * n->bins + b];
+        }
+        base[b] = total;
+        base[n->bins + b] = earlier;
+    }
+    if (d->layout == SYMM_LAYOUT_EXPERT) {
+        int64_t dropped = 0;
+        for (int p = 0; p < W; p++) {
+            int64_t offset = 0;
+            for (int j = 0; j < L; j++) {
+                const int64_t total = base[p * L + j];
+                if (p == me) {
+                    const int64_t fit = cap - offset;
+                    n->h_expert[j] = (int32_t)(fit < 0 ? 0 : fit < total ? fit : total);
+                    n->h_expert[L + j] = (int32_t)(offset < cap ? offset : cap);
+                    dropped += total - n->h_expert[j];
+                    if (j == L - 1)
+                        st->recv_rows = (int32_t)(offset + total < cap ? offset + total : cap);
+                }
+                base[p * L + j] = offset;
+                offset = (offset + total + d->align - 1) / d->align * d->align;
+            }
+        }
+        st->dropped_recv = (int32_t)dropped;
+    } else {
+        const int64_t total = base[me];
+        st->recv_rows = (int32_t)(total < cap ? total : cap);
+        st->dropped_recv = (int32_t)(total < cap ? 0 : total - cap);
+        for (int p = 0; p < W; p++)
+            base[p] = 0;
+    }
+    for (int b = 0; b < n->bins; b++)
+        base[b] += base[n->bins + b];
+}
+
+/* Pack this rank's kept rows per chunk (destination order), fill the send
+ * metadata, the COMBINE_IN slot of each packed row and the final route. */
+static void pack(symm_variant *v, int T, const int64_t *base, device_state *st)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const int W = d->world, K = d->topk, L = d->experts / d->world, me = v->rank;
+    const int expert = d->layout == SYMM_LAYOUT_EXPERT;
+    int64_t packed = 0;
+    int dropped = 0;
+    n->n_send = 0;
+    for (int c = 0; c < (expert ? W * L : W); c++) {
+        const int p = expert ? c / L : c;
+        const int64_t first = packed;
+        for (int t = 0; t < T; t++) {
+            const int32_t *ids = n->h_topk + (size_t)t * K;
+            int32_t *route = n->h_route + (size_t)t * (expert ? K : W);
+            int slot = -1;
+            if (expert) {
+                for (int k = 0; k < K; k++)
+                    if (route[k] >= 0 && ids[k] == c)
+                        slot = k;
+            } else if (route[p] >= 0) {
+                slot = p;
+            }
+            if (slot < 0)
+                continue;
+            const int64_t dest_row = base[c] + route[slot];
+            if (dest_row >= d->capacity) {
+                route[slot] = -1;
+                dropped++;
+                continue;
+            }
+            route[slot] = (int32_t)dest_row;
+            n->h_send_index[packed] = t;
+            n->h_stage_index[packed] = expert ? t * K + slot : p * d->max_tokens + t;
+            int32_t *src = n->h_send_src + packed * 4;
+            src[0] = me, src[1] = t, src[2] = expert ? slot : -1, src[3] = 0;
+            if (expert) {
+                if (d->weights)
+                    n->h_send_weights[packed] = n->h_weights[(size_t)t * K + slot];
+            } else {
+                for (int k = 0; k < K; k++) {
+                    const int e = ids[k];
+                    int local = e >= 0 && e < d->experts && e / L == p;
+                    for (int j = 0; j < k && local; j++)
+                        local = ids[j] != e;
+                    n->h_send_topk[packed * K + k] = local ? e - p * L : -1;
+                    if (d->weights)
+                        n->h_send_weights[packed * K + k] = local ? n->h_weights[(size_t)t * K + k] : 0.0f;
+                }
+            }
+            packed++;
+        }
+        if (packed > first)
+            n->send_chunks[n->n_send++] = (chunk){p, first, packed - first};
+    }
+    n->packed = packed;
+    st->dropped_send = dropped;
+}
+
+/* What this rank receives, chunk by chunk, in the order the senders pack. */
+static void plan_receives(symm_variant *v)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const int W = d->world, L = d->experts / d->world, me = v->rank;
+    const int64_t cap = d->capacity;
+    n->n_recv = 0;
+    if (d->layout == SYMM_LAYOUT_RANK) {
+        int64_t start = 0;
+        for (int s = 0; s < W; s++) {
+            const int64_t cnt = n->h_counts[(size_t)s * n->bins + me];
+            const int64_t keep = start >= cap ? 0 : (start + cnt <= cap ? cnt : cap - start);
+            if (keep > 0)
+                n->recv_chunks[n->n_recv++] = (chunk){s, start, keep};
+            start += cnt;
+        }
+        return;
+    }
+    /* The senders' chunks go (rank p, expert j) ascending, so from each sender
+     * the chunks of this rank come in ascending j. Segment starts unclamped. */
+    int64_t offset = 0;
+    for (int j = 0; j < L; j++) {
+        int64_t total = 0, earlier = 0;
+        for (int s = 0; s < W; s++)
+            total += n->h_counts[(size_t)s * n->bins + me * L + j];
+        for (int s = 0; s < W; s++) {
+            const int64_t cnt = n->h_counts[(size_t)s * n->bins + me * L + j];
+            const int64_t start = offset + earlier;
+            const int64_t keep = start >= cap ? 0 : (start + cnt <= cap ? cnt : cap - start);
+            /* Placed by sender below; ordered after the loop. */
+            n->recv_chunks[(size_t)s * L + j] = (chunk){keep > 0 ? s : -1, start, keep};
+            earlier += cnt;
+        }
+        offset = (offset + total + d->align - 1) / d->align * d->align;
+    }
+    for (int i = 0; i < W * L; i++)
+        if (n->recv_chunks[i].peer >= 0)
+            n->recv_chunks[n->n_recv++] = n->recv_chunks[i];
+}
+
+static symm_status launch_move(const symm_variant *v, CUfunction fn, CUdeviceptr src, CUdeviceptr index,
+                               CUdeviceptr dst, int64_t rows, int64_t row_bytes, CUstream stream)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    if (rows == 0)
+        return SYMM_OK;
+    int64_t items = rows * (row_bytes % 16 == 0 ? row_bytes / 16 : row_bytes / 4);
+    unsigned blocks = (unsigned)((items + 511) / 512);
+    if (blocks > 1024)
+        blocks = 1024;
+    void *params[] = {&src, &index, &dst, &rows, &row_bytes};
+    symm_status st = symm_cuda_check(cu->cuLaunchKernel(fn, blocks, 1, 1, 512, 1, 1, 0, stream, params, NULL),
+                                     "NCCL backend: row gather/scatter launch");
+    if (st != SYMM_OK)
+        symm_fail_context(st, "%s: ", v->desc->name);
+    return st;
+}
+
+/* One send/receive per array per chunk, in one NCCL group. */
+static symm_status exchange_rows(symm_variant *v, CUstream stream)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_nccl_api *nc = n->api;
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    const int K = d->topk;
+    const size_t row = (size_t)d->hidden * symm_dtype_size(d->dtype), sc = (size_t)d->hidden / SYMM_FP8_BLOCK * 4;
+    const size_t wrow = d->layout == SYMM_LAYOUT_RANK ? (size_t)K * 4 : 4;
+    symm_recv_buffers recv;
+    SYMM_TRY(symm_variant_recv(v, &recv));
+    const symm_recv_buffers *rb = &recv;
+    SYMM_NCCL(nc, comm, ncclGroupStart());
+    for (int i = 0; i < n->n_send; i++) {
+        const chunk c = n->send_chunks[i];
+        SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+        if (d->dtype == SYMM_DTYPE_FP8_E4M3)
+            SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+        if (d->layout == SYMM_LAYOUT_RANK)
+            SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_topk + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
+        if (d->weights)
+            SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+    }
+    for (int i = 0; i < n->n_recv; i++) {
+        const chunk c = n->recv_chunks[i];
+        SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+        if (d->dtype == SYMM_DTYPE_FP8_E4M3)
+            SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+        if (d->layout == SYMM_LAYOUT_RANK)
+            SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->topk_idx + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
+        if (d->weights)
+            SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+    }
+    SYMM_NCCL(nc, comm, ncclGroupEnd());
+    return SYMM_OK;
+}
+
+static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, CUstream stream)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    const symm_nccl_api *nc = n->api;
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    const int W = d->world, K = d->topk, L = d->experts / d->world;
+    const int expert = d->layout == SYMM_LAYOUT_EXPERT;
+    device_state *st = n->h_state;
+    memset(st, 0, sizeof *st);
+
+    int64_t T = a->tokens;
+    if (a->tokens_dev) {
+        int32_t t32;
+        SYMM_CU(cu, cuMemcpyDtoHAsync(&t32, (CUdeviceptr)a->tokens_dev, 4, stream));
+        SYMM_CU(cu, cuStreamSynchronize(stream));
+        T = t32;
+        st->clamped = T < 0 || T > d->max_tokens;
+        T = T < 0 ? 0 : T > d->max_tokens ? d->max_tokens : T;
+    }
+    if (T) {
+        SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_topk, (CUdeviceptr)a->topk_idx, (size_t)T * K * 4, stream));
+        if (d->weights)
+            SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_weights, (CUdeviceptr)a->topk_weights, (size_t)T * K * 4, stream));
+        SYMM_CU(cu, cuStreamSynchronize(stream));
+    }
+    st->invalid = count_and_route(v, (int)T);
+
+    /* Count rows of every rank. */
+    const size_t row_bytes = (size_t)n->bins * 4;
+    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_counts + (size_t)v->rank * row_bytes, n->h_counts + (size_t)v->rank * n->bins,
+                                  row_bytes, stream));
+    SYMM_NCCL(nc, comm, ncclAllGather((const void *)(n->d_counts + (size_t)v->rank * row_bytes), (void *)n->d_counts,
+                                      (size_t)n->bins, ncclInt32, comm, stream));
+    SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_counts, n->d_counts, (size_t)W * row_bytes, stream));
+    SYMM_CU(cu, cuStreamSynchronize(stream));
+
+    int64_t *base = malloc(sizeof(int64_t) * 2 * (size_t)n->bins);
+    if (!base)
+        return symm_fail(SYMM_ERR_NOMEM, "%s dispatch: out of host memory", d->name);
+    bases(v, base, st);
+    pack(v, (int)T, base, st);
+    free(base);
+    plan_receives(v);
+
+    /* Pack on the GPU; metadata, route and weights from the host. */
+    const int64_t P = n->packed;
+    const size_t xrow = (size_t)d->hidden * symm_dtype_size(d->dtype);
+    const size_t wrow = expert ? 4 : (size_t)K * 4;
+    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_index, n->h_send_index, (size_t)P * 4, stream));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_stage_index, n->h_stage_index, (size_t)P * 4, stream));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_src, n->h_send_src, (size_t)P * 16, stream));
+    if (!expert)
+        SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_topk, n->h_send_topk, (size_t)P * K * 4, stream));
+    if (d->weights)
+        SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_weights, n->h_send_weights, (size_t)P * wrow, stream));
+    const symm_region_desc *route = &d->regions[SYMM_REGION_TOKEN_ROUTE];
+    SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + route->offset, n->h_route, (size_t)T * (expert ? K : W) * 4, stream));
+    if (expert && d->weights)
+        SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_TOKEN_WEIGHTS].offset, n->h_token_weights,
+                                      (size_t)T * K * 4, stream));
+    SYMM_TRY(launch_move(v, v->fn_gather, (CUdeviceptr)a->x, n->d_send_index, n->d_send_x, P, (int64_t)xrow, stream));
+    if (d->dtype == SYMM_DTYPE_FP8_E4M3)
+        SYMM_TRY(launch_move(v, v->fn_gather, (CUdeviceptr)a->x_scales, n->d_send_index, n->d_send_scales, P,
+                             d->hidden / SYMM_FP8_BLOCK * 4, stream));
+    SYMM_TRY(exchange_rows(v, stream));
+
+    /* What this rank received. */
+    st->seq = ++n->calls;
+    st->tokens = (int32_t)T;
+    if (!expert) {
+        memset(n->h_expert, 0, (size_t)L * 4);
+        symm_recv_buffers recv;
+        SYMM_TRY(symm_variant_recv(v, &recv));
+        if (st->recv_rows) {
+            SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_recv_topk, recv.topk_idx, (size_t)st->recv_rows * K * 4, stream));
+            SYMM_CU(cu, cuStreamSynchronize(stream));
+        }
+        for (int64_t r = 0; r < (int64_t)st->recv_rows * K; r++)
+            if (n->h_recv_topk[r] >= 0)
+                n->h_expert[n->h_recv_topk[r]]++;
+    }
+    SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_EXPERT_COUNT].offset, n->h_expert,
+                                  (size_t)L * 4, stream));
+    if (expert)
+        SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_EXPERT_OFFSET].offset, n->h_expert + L,
+                                      (size_t)L * 4, stream));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_STATE].offset, st, sizeof *st, stream));
+    /* The pinned buffers are reused by the next call. */
+    SYMM_CU(cu, cuStreamSynchronize(stream));
+    return SYMM_OK;
+}
+
+symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream)
+{
+    SYMM_TRY(refuse_capture(v, stream, "dispatch"));
+    symm_status st = dispatch_steps(v, args, stream);
+    if (st != SYMM_OK)
+        symm_fail_context(st, "%s dispatch (NCCL backend): ", v->desc->name);
+    return st;
+}
+
+symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream)
+{
+    SYMM_TRY(refuse_capture(v, stream, "combine"));
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_nccl_api *nc = n->api;
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    /* Each received chunk goes back as one run of y; what comes back lands
+     * in packed order in the stage. */
+    SYMM_NCCL(nc, comm, ncclGroupStart());
+    for (int i = 0; i < n->n_recv; i++) {
+        const chunk c = n->recv_chunks[i];
+        SYMM_NCCL(nc, comm, ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
+    }
+    for (int i = 0; i < n->n_send; i++) {
+        const chunk c = n->send_chunks[i];
+        SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
+    }
+    SYMM_NCCL(nc, comm, ncclGroupEnd());
+    CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
+    SYMM_TRY(launch_move(v, v->fn_scatter, n->d_stage, n->d_stage_index, combine_in, n->packed, (int64_t)crow, stream));
+    return symm_variant_launch_reduce(v, out, stream);
+}

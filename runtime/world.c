@@ -1,0 +1,588 @@
+/* world.c: how the ranks of a job find each other (symm_world_create) and
+ * part (symm_world_destroy).
+ *
+ * Rank 0 binds <socket_dir>/symm-<uid>/<job id>.sock and waits in one poll()
+ * loop for the listening socket, the connections that have not yet said
+ * hello and the ranks that have joined, so that no single connection can make
+ * it wait: a stranger that connects and says nothing, or says the wrong
+ * secret, costs nothing. Every other rank connects, checks that the socket
+ * belongs to its own uid, sends a hello and waits for WELCOME (once all ranks
+ * are in), REFUSE or ERROR. A connection that rank 0 closes before answering
+ * (the socket of a world being torn down, a stale socket) is retried until
+ * the timeout. Once everyone is in, rank 0 unlinks the socket: the name is
+ * free for the next world at once, and latecomers cannot knock. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "world_internal.h"
+
+/* Connections that may wait for their hello at once; beyond, the oldest is
+ * dropped (a real rank whose connection is dropped reconnects). */
+#define MAX_PENDING 64
+
+typedef struct listener {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+    const char *path;
+} listener;
+
+typedef struct pending {
+    int fd;
+    size_t got;
+    symm_world_hello hello;
+} pending;
+
+double symm_world_grace(double timeout_s) { return timeout_s * 0.25 < 2.0 ? timeout_s * 0.25 : 2.0; }
+
+static int peer_uid_ok(int fd, uid_t *uid)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    *uid = (uid_t)-1;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+        return 0;
+    *uid = cred.uid;
+    return cred.uid == geteuid();
+}
+
+void symm_world_missing_ranks(const unsigned char *present, int size, char *buf, size_t n)
+{
+    int count = 0;
+    for (int r = 0; r < size; r++)
+        count += !present[r];
+    size_t used = (size_t)snprintf(buf, n, "%s", count == 1 ? "rank" : "ranks");
+    int listed = 0;
+    for (int r = 0; r < size && used < n; r++) {
+        if (present[r])
+            continue;
+        if (listed == 16) {
+            snprintf(buf + used, n - used, ", ... (%d in all)", count);
+            return;
+        }
+        used += (size_t)snprintf(buf + used, n - used, "%s %d", listed ? "," : "", r);
+        listed++;
+    }
+}
+
+/* --- rank 0 -------------------------------------------------------------- */
+
+/* Is something listening at path? (A socket nobody listens on is stale.) */
+static int socket_is_live(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    int live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 || errno == EAGAIN;
+    close(fd);
+    return live;
+}
+
+/* Bind fd at path and listen. *in_use when the name is taken (SYMM_OK then,
+ * with nothing bound); other failures set the message. */
+static symm_status bind_listen(int fd, const char *path, listener *l, int *in_use)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    *in_use = 0;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (errno == EADDRINUSE) {
+            *in_use = 1;
+            return SYMM_OK;
+        }
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: bind %s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    /* bind honours only the umask; the directory is 0700 anyway, but the
+     * socket itself is made 0600 as well. */
+    if (chmod(path, 0600) != 0 || lstat(path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
+        int err = errno;
+        unlink(path);
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: listen on %s: %s", path, strerror(err));
+    }
+    l->fd = fd;
+    l->dev = st.st_dev;
+    l->ino = st.st_ino;
+    l->path = path;
+    return SYMM_OK;
+}
+
+static symm_status root_listen(const symm_wenv *env, listener *l)
+{
+    for (int attempt = 0; attempt < 4; attempt++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: socket: %s", strerror(errno));
+        int in_use;
+        symm_status st = bind_listen(fd, env->path, l, &in_use);
+        if (st == SYMM_OK && !in_use)
+            return SYMM_OK;
+        close(fd);
+        if (st != SYMM_OK)
+            return st;
+        if (socket_is_live(env->path))
+            return symm_fail(SYMM_ERR_STATE,
+                             "symm_world_create: %s is in use by a live world: another job has job id "
+                             "\"%s\" (give each job its own SYMM_JOB_ID)",
+                             env->path, env->job_id);
+        unlink(env->path); /* stale: left by a job that died */
+    }
+    return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: cannot bind %s: it keeps reappearing", env->path);
+}
+
+/* Close the listener and unlink its socket, unless someone replaced it. */
+static void listener_close(listener *l)
+{
+    struct stat st;
+    if (lstat(l->path, &st) == 0 && st.st_dev == l->dev && st.st_ino == l->ino)
+        unlink(l->path);
+    close(l->fd);
+    l->fd = -1;
+}
+
+static void refuse(int fd, uint32_t reason, uint64_t detail)
+{
+    symm_world_frame f = {.type = SYMM_FRAME_REFUSE, .arg = reason, .count = detail};
+    (void)symm_wio_send_frame(fd, &f, NULL, symm_wio_now() + 0.2, 0);
+}
+
+/* Constant-time comparison: a wrong guess learns nothing from the timing. */
+static int digest_equal(const uint8_t *a, const uint8_t *b)
+{
+    unsigned diff = 0;
+    for (int i = 0; i < 32; i++)
+        diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Judge a complete hello: the connection joins (conn[rank] takes it) or is
+ * refused and closed. Returns 1 when it joined. */
+static int judge_hello(symm_world *w, const symm_wenv *env, pending *p)
+{
+    const symm_world_hello *h = &p->hello;
+    uint32_t reason = 0;
+    uint64_t detail = 0;
+    if (h->magic != SYMM_WORLD_MAGIC || h->version != SYMM_WORLD_PROTOCOL)
+        reason = SYMM_REFUSE_PROTOCOL, detail = SYMM_WORLD_PROTOCOL;
+    else if (!digest_equal(h->digest, env->digest))
+        reason = SYMM_REFUSE_SECRET;
+    else if (h->size != w->size)
+        reason = SYMM_REFUSE_SIZE, detail = (uint64_t)w->size;
+    else if (h->rank <= 0 || h->rank >= w->size)
+        reason = SYMM_REFUSE_RANK;
+    else if (w->conn[h->rank] >= 0)
+        reason = SYMM_REFUSE_DUPLICATE;
+    if (reason) {
+        refuse(p->fd, reason, detail);
+        close(p->fd);
+        p->fd = -1;
+        return 0;
+    }
+    w->conn[h->rank] = p->fd;
+    p->fd = -1;
+    return 1;
+}
+
+typedef struct rendezvous {
+    symm_world *w;
+    const symm_wenv *env;
+    listener l;
+    pending pend[MAX_PENDING];
+    int npend;
+    int joined; /* rank 0 included */
+} rendezvous;
+
+static symm_status accept_all(rendezvous *z)
+{
+    for (;;) {
+        int fd = accept4(z->l.fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return SYMM_OK;
+            return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: accept on %s: %s", z->l.path, strerror(errno));
+        }
+        uid_t uid;
+        if (!peer_uid_ok(fd, &uid)) {
+            close(fd); /* another user: not even an answer */
+            continue;
+        }
+        if (z->npend == MAX_PENDING) {
+            close(z->pend[0].fd);
+            memmove(&z->pend[0], &z->pend[1], sizeof z->pend[0] * (MAX_PENDING - 1));
+            z->npend--;
+        }
+        z->pend[z->npend++] = (pending){.fd = fd};
+    }
+}
+
+static void pending_read(rendezvous *z, pending *p)
+{
+    size_t got = 0;
+    symm_wio r = symm_wio_recv_some(p->fd, (char *)&p->hello + p->got, sizeof p->hello - p->got, &got);
+    if (r != SYMM_WIO_OK) {
+        close(p->fd);
+        p->fd = -1;
+        return;
+    }
+    p->got += got;
+    if (p->got == sizeof p->hello)
+        z->joined += judge_hello(z->w, z->env, p);
+}
+
+/* "ranks 2, 3": those that have not joined (but for rank gone, which left),
+ * or "" when all have. */
+static void not_joined(const symm_world *w, int gone, char *buf, size_t n)
+{
+    unsigned char *present = calloc((size_t)w->size, 1);
+    int all = 1;
+    snprintf(buf, n, "some ranks");
+    if (!present)
+        return;
+    for (int r = 0; r < w->size; r++) {
+        present[r] = r == 0 || r == gone || w->conn[r] >= 0;
+        all &= present[r];
+    }
+    if (all)
+        buf[0] = '\0';
+    else
+        symm_world_missing_ranks(present, w->size, buf, n);
+    free(present);
+}
+
+/* A rank that joined has nothing to say before WELCOME: what it says is EOF. */
+static symm_status joined_event(symm_world *w, int r)
+{
+    char byte, missing[256];
+    size_t got = 0;
+    symm_wio io = symm_wio_recv_some(w->conn[r], &byte, 1, &got);
+    if (io == SYMM_WIO_OK && got == 0)
+        return SYMM_OK;
+    close(w->conn[r]);
+    w->conn[r] = -1;
+    if (io != SYMM_WIO_EOF)
+        return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank %d sent an unexpected message before the "
+                         "world was complete", r);
+    not_joined(w, r, missing, sizeof missing);
+    return symm_fail(SYMM_ERR_PEER, "rank %d disconnected during symm_world_create%s%s%s", r,
+                     missing[0] ? " (" : "", missing, missing[0] ? " had not joined yet)" : "");
+}
+
+/* One round of the rank 0 loop: wait for any event, handle every one. */
+static symm_status root_round(rendezvous *z, struct pollfd *pfd, int *who, double deadline)
+{
+    symm_world *w = z->w;
+    int n = 0;
+    pfd[n++] = (struct pollfd){.fd = z->l.fd, .events = POLLIN};
+    for (int i = 0; i < z->npend; i++)
+        pfd[n++] = (struct pollfd){.fd = z->pend[i].fd, .events = POLLIN};
+    for (int r = 1; r < w->size; r++)
+        if (w->conn[r] >= 0) {
+            who[n] = r;
+            pfd[n++] = (struct pollfd){.fd = w->conn[r], .events = POLLIN};
+        }
+    int ms = symm_wio_poll_ms(deadline);
+    int k = poll(pfd, (nfds_t)n, ms);
+    if (k < 0 && errno != EINTR)
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: poll: %s", strerror(errno));
+    if (k == 0 && ms == 0) {
+        char list[256];
+        not_joined(w, -1, list, sizeof list);
+        return symm_fail(SYMM_ERR_TIMEOUT, "symm_world_create: %s did not join within %g s", list,
+                         w->timeout_s);
+    }
+    for (int i = 1 + z->npend; i < n; i++)
+        if (pfd[i].revents)
+            SYMM_TRY(joined_event(w, who[i]));
+    for (int i = 0; i < z->npend; i++)
+        if (pfd[1 + i].revents)
+            pending_read(z, &z->pend[i]);
+    int kept = 0;
+    for (int i = 0; i < z->npend; i++)
+        if (z->pend[i].fd >= 0)
+            z->pend[kept++] = z->pend[i];
+    z->npend = kept;
+    if (pfd[0].revents)
+        SYMM_TRY(accept_all(z));
+    return SYMM_OK;
+}
+
+static symm_status send_welcome(symm_world *w)
+{
+    double deadline = symm_wio_now() + w->timeout_s;
+    symm_world_frame f = {.type = SYMM_FRAME_WELCOME, .count = (uint64_t)w->size};
+    for (int r = 1; r < w->size; r++) {
+        symm_wio io = symm_wio_send_frame(w->conn[r], &f, NULL, deadline, 0);
+        if (io != SYMM_WIO_OK)
+            return symm_fail(io == SYMM_WIO_TIMEOUT ? SYMM_ERR_TIMEOUT : SYMM_ERR_PEER,
+                             "rank %d disconnected during symm_world_create", r);
+    }
+    return SYMM_OK;
+}
+
+static symm_status root_rendezvous(symm_world *w, const symm_wenv *env)
+{
+    rendezvous *z = calloc(1, sizeof *z);
+    struct pollfd *pfd = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *pfd);
+    int *who = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *who);
+    symm_status st = SYMM_OK;
+    if (!z || !pfd || !who)
+        st = symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
+    if (st == SYMM_OK) {
+        z->w = w;
+        z->env = env;
+        z->joined = 1;
+        st = root_listen(env, &z->l);
+        if (st != SYMM_OK)
+            z->l.fd = -1;
+    }
+    double deadline = symm_wio_now() + w->timeout_s;
+    while (st == SYMM_OK && z->joined < w->size)
+        st = root_round(z, pfd, who, deadline);
+    if (z) {
+        for (int i = 0; i < z->npend; i++)
+            close(z->pend[i].fd);
+        if (z->l.fd >= 0)
+            listener_close(&z->l);
+    }
+    if (st == SYMM_OK)
+        st = send_welcome(w);
+    if (st != SYMM_OK) {
+        double until = symm_wio_now() + 0.5;
+        for (int r = 1; r < w->size; r++)
+            if (w->conn[r] >= 0)
+                symm_wio_send_error(w->conn[r], st, symm_last_error(), until);
+    }
+    free(who);
+    free(pfd);
+    free(z);
+    return st;
+}
+
+/* --- ranks other than 0 -------------------------------------------------- */
+
+enum { CONNECT_OK, CONNECT_RETRY };
+
+static int try_connect(const char *path, int *out)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        /* Not there yet, nobody listening yet, or the backlog is full. */
+        if (err == ENOENT || err == ECONNREFUSED || err == EAGAIN || err == EINTR)
+            return CONNECT_RETRY;
+        return -1;
+    }
+    *out = fd;
+    return CONNECT_OK;
+}
+
+static symm_status refused(const symm_world *w, const symm_world_frame *f)
+{
+    const char *why = "an unknown reason";
+    char buf[128];
+    switch (f->arg) {
+    case SYMM_REFUSE_PROTOCOL:
+        snprintf(buf, sizeof buf, "protocol version %d here, %llu at rank 0 (mixed libsymm versions?)",
+                 SYMM_WORLD_PROTOCOL, (unsigned long long)f->count);
+        why = buf;
+        break;
+    case SYMM_REFUSE_SECRET:
+        why = "wrong job secret";
+        break;
+    case SYMM_REFUSE_SIZE:
+        snprintf(buf, sizeof buf, "world size %d here, %llu at rank 0", w->size, (unsigned long long)f->count);
+        why = buf;
+        break;
+    case SYMM_REFUSE_RANK:
+        why = "rank out of range";
+        break;
+    case SYMM_REFUSE_DUPLICATE:
+        snprintf(buf, sizeof buf, "rank %d has already joined", w->rank);
+        why = buf;
+        break;
+    }
+    return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 refused this rank (%d): %s", w->rank, why);
+}
+
+/* After connecting: hello, then rank 0's verdict. SYMM_OK with *retry set
+ * when rank 0 closed the connection without answering: connect again. */
+static symm_status handshake(symm_world *w, const symm_wenv *env, int fd, double deadline, int *retry)
+{
+    uid_t uid;
+    *retry = 0;
+    if (!peer_uid_ok(fd, &uid))
+        return symm_fail(SYMM_ERR_PEER, "symm_world_create: the socket %s belongs to uid %u, not to this user "
+                         "(uid %u)", env->path, (unsigned)uid, (unsigned)geteuid());
+    symm_world_hello h = {.magic = SYMM_WORLD_MAGIC, .version = SYMM_WORLD_PROTOCOL, .rank = w->rank,
+                          .size = w->size};
+    memcpy(h.digest, env->digest, sizeof h.digest);
+    symm_wio io = symm_wio_send(fd, &h, sizeof h, -1, deadline, 0);
+    symm_world_frame f;
+    if (io == SYMM_WIO_OK)
+        io = symm_wio_recv(fd, &f, sizeof f, NULL, deadline + symm_world_grace(w->timeout_s));
+    if (io == SYMM_WIO_EOF) {
+        *retry = 1;
+        return SYMM_OK;
+    }
+    if (io == SYMM_WIO_TIMEOUT)
+        return symm_fail(SYMM_ERR_TIMEOUT, "symm_world_create: rank %d reached rank 0, but the world was not "
+                         "complete within %g s (rank 0 names the missing ranks)", w->rank, w->timeout_s);
+    if (io == SYMM_WIO_BADFD)
+        return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 sent descriptors in its answer");
+    if (io != SYMM_WIO_OK)
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: talking to rank 0 over %s: %s", env->path,
+                         strerror(errno));
+    if (f.type == SYMM_FRAME_REFUSE)
+        return refused(w, &f);
+    if (f.type == SYMM_FRAME_ERROR) {
+        char msg[SYMM_WORLD_MSG_MAX];
+        if (symm_wio_recv_error(fd, &f, msg, sizeof msg, symm_wio_now() + 1.0) != SYMM_WIO_OK)
+            snprintf(msg, sizeof msg, "symm_world_create: rank 0 failed");
+        return symm_fail(f.arg > SYMM_OK && f.arg < SYMM_ERR_COUNT_ ? (symm_status)f.arg : SYMM_ERR_PEER,
+                         "%s", msg);
+    }
+    if (f.type != SYMM_FRAME_WELCOME || f.count != (uint64_t)w->size || f.len != 0)
+        return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 answered with an unexpected message "
+                         "(type %u)", f.type);
+    return SYMM_OK;
+}
+
+static void sleep_until(double t)
+{
+    double left = t - symm_wio_now();
+    if (left <= 0)
+        return;
+    struct timespec ts = {.tv_sec = (time_t)left, .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static symm_status peer_rendezvous(symm_world *w, const symm_wenv *env)
+{
+    double deadline = symm_wio_now() + w->timeout_s;
+    double backoff = 0.001;
+    for (;;) {
+        int fd = -1, retry = 1;
+        int c = try_connect(env->path, &fd);
+        if (c < 0)
+            return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: connect to %s: %s", env->path,
+                             strerror(errno));
+        if (c == CONNECT_OK) {
+            symm_status st = handshake(w, env, fd, deadline, &retry);
+            if (st == SYMM_OK && !retry) {
+                w->conn[0] = fd;
+                return SYMM_OK;
+            }
+            close(fd);
+            if (st != SYMM_OK)
+                return st;
+        }
+        double now = symm_wio_now();
+        if (now >= deadline)
+            return symm_fail(SYMM_ERR_TIMEOUT,
+                             "symm_world_create: rank %d could not reach rank 0 within %g s (socket %s)",
+                             w->rank, w->timeout_s, env->path);
+        sleep_until(now + backoff < deadline ? now + backoff : deadline);
+        backoff = backoff * 2 < 0.05 ? backoff * 2 : 0.05;
+    }
+}
+
+/* --- public ---------------------------------------------------------------- */
+
+static symm_status check_config(const symm_world_config *cfg)
+{
+    if (cfg->size < 1 || cfg->size > SYMM_WORLD_MAX_SIZE)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: size %d: expected 1..%d", cfg->size,
+                         SYMM_WORLD_MAX_SIZE);
+    if (cfg->rank < 0 || cfg->rank >= cfg->size)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: rank %d: expected 0..%d", cfg->rank,
+                         cfg->size - 1);
+    if (cfg->local_rank < 0 || cfg->local_rank >= cfg->size)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: local_rank %d: expected 0..%d",
+                         cfg->local_rank, cfg->size - 1);
+    if (cfg->device < -1)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: device %d: expected a device ordinal "
+                         ">= 0, or -1 for the local rank's", cfg->device);
+    return SYMM_OK;
+}
+
+symm_status symm_world_create(const symm_world_config *cfg, symm_world **out)
+{
+    if (!cfg || !out)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: %s is NULL", cfg ? "out" : "cfg");
+    *out = NULL;
+    SYMM_TRY(check_config(cfg));
+    symm_wenv *env = calloc(1, sizeof *env);
+    symm_world *w = calloc(1, sizeof *w);
+    int *conn = calloc((size_t)cfg->size, sizeof *conn);
+    symm_status st = SYMM_OK;
+    if (!env || !w || !conn)
+        st = symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
+    if (st == SYMM_OK) {
+        for (int r = 0; r < cfg->size; r++)
+            conn[r] = -1;
+        *w = (symm_world){.rank = cfg->rank, .size = cfg->size, .local_rank = cfg->local_rank,
+                          .device = cfg->device, .conn = conn};
+        conn = NULL;
+        st = symm_wenv_resolve(cfg, env);
+    }
+    if (st == SYMM_OK) {
+        w->timeout_s = env->timeout_s;
+        if (w->size > 1)
+            st = symm_wenv_prepare_dir(env);
+    }
+    if (st == SYMM_OK && w->size > 1)
+        st = w->rank == 0 ? root_rendezvous(w, env) : peer_rendezvous(w, env);
+    free(env);
+    free(conn);
+    if (st != SYMM_OK) {
+        symm_world_destroy(w);
+        return st;
+    }
+    *out = w;
+    return SYMM_OK;
+}
+
+symm_status symm_world_create_from_env(symm_world **out)
+{
+    symm_world_config cfg;
+    if (!out)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create_from_env: out is NULL");
+    *out = NULL;
+    SYMM_TRY(symm_world_config_from_env(&cfg));
+    return symm_world_create(&cfg, out);
+}
+
+void symm_world_destroy(symm_world *w)
+{
+    if (!w)
+        return;
+    if (w->conn)
+        for (int r = 0; r < w->size; r++)
+            if (w->conn[r] >= 0)
+                close(w->conn[r]);
+    free(w->conn);
+    free(w);
+}
+
+int symm_world_rank(const symm_world *w) { return w ? w->rank : -1; }
+int symm_world_size(const symm_world *w) { return w ? w->size : 0; }
+int symm_world_local_rank(const symm_world *w) { return w ? w->local_rank : -1; }
+int symm_world_device(const symm_world *w) { return !w ? -1 : w->device >= 0 ? w->device : w->local_rank; }
+double symm_world_timeout(const symm_world *w) { return w ? w->timeout_s : 0; }

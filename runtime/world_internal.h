@@ -1,0 +1,160 @@
+/* world_internal.h: what the world's sources share (world.c: rendezvous and
+ * lifetime, world_coll.c: collectives, world_env.c: configuration and the
+ * socket directory, world_io.c: bounded socket I/O). Not installed.
+ *
+ * The wire protocol (one host, native byte order): a connecting rank sends a
+ * hello; rank 0 answers WELCOME once every rank has joined, REFUSE to a
+ * connection it will not take, or ERROR when create fails. Every later message
+ * is a frame header followed by len payload bytes; a descriptor travels as
+ * SCM_RIGHTS on a payload of exactly one byte. */
+#ifndef SYMM_WORLD_INTERNAL_H
+#define SYMM_WORLD_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/un.h>
+
+#include "internal.h"
+#include "symm_world.h"
+
+/* Shared between the world's files, but not part of libsymm's interface. */
+#define SYMM_HIDDEN __attribute__((visibility("hidden")))
+
+#define SYMM_WORLD_MAX_SIZE 4096
+#define SYMM_WORLD_DEFAULT_TIMEOUT 60.0
+#define SYMM_WORLD_MAX_TIMEOUT 1e6
+#define SYMM_WORLD_JOB_ID_MAX 256
+#define SYMM_WORLD_PATH_MAX ((int)sizeof(((struct sockaddr_un *)0)->sun_path))
+#define SYMM_WORLD_PROTOCOL 1
+#define SYMM_WORLD_MAGIC 0x444c524f574d4d53ull /* "SMMWORLD" */
+#define SYMM_WORLD_MSG_MAX 1024
+
+struct symm_world {
+    int rank, size, local_rank, device;
+    double timeout_s;
+    uint64_t calls;       /* collectives begun; the next one has number calls + 1 */
+    int *conn;            /* rank 0: conn[r] is the socket to rank r (conn[0] = -1);
+                           * other ranks: conn[0] is the socket to rank 0 */
+    symm_status failed;   /* sticky: the first failure of a collective */
+    char failed_msg[SYMM_WORLD_MSG_MAX];
+};
+
+typedef struct symm_world_hello {
+    uint64_t magic;
+    uint32_t version;
+    int32_t rank;
+    int32_t size;
+    uint32_t reserved;
+    uint8_t digest[32]; /* sha256 of the job id and the secret, never the secret */
+} symm_world_hello;
+
+enum symm_world_frame_type {
+    SYMM_FRAME_WELCOME = 1, /* count: size */
+    SYMM_FRAME_REFUSE,      /* arg: enum symm_world_refusal; count: detail */
+    SYMM_FRAME_ERROR,       /* arg: status; payload: the message */
+    SYMM_FRAME_CONTRIB,     /* a rank's part of a collective, to rank 0 */
+    SYMM_FRAME_RESULT,      /* rank 0's answer to a collective */
+};
+
+enum symm_world_refusal {
+    SYMM_REFUSE_PROTOCOL = 1, /* count: rank 0's protocol version */
+    SYMM_REFUSE_SECRET,
+    SYMM_REFUSE_SIZE,         /* count: rank 0's world size */
+    SYMM_REFUSE_RANK,
+    SYMM_REFUSE_DUPLICATE,
+};
+
+typedef struct symm_world_frame {
+    uint16_t type;  /* enum symm_world_frame_type */
+    uint16_t kind;  /* collective kind */
+    uint32_t arg;   /* bcast root, refusal reason or status */
+    uint64_t seq;   /* collective call number */
+    uint64_t count; /* bytes argument of the collective */
+    uint64_t len;   /* payload bytes that follow */
+} symm_world_frame;
+
+/* --- world_env.c ------------------------------------------------------ */
+
+/* What create needs, resolved from a config and the environment. */
+typedef struct symm_wenv {
+    double timeout_s;
+    char job_id[SYMM_WORLD_JOB_ID_MAX];
+    uint8_t digest[32];
+    char dir[SYMM_WORLD_PATH_MAX];  /* <socket_dir>/symm-<uid> */
+    char path[SYMM_WORLD_PATH_MAX]; /* dir/<job id or its hash>.sock */
+} symm_wenv;
+
+/* Fill env from cfg (rank, size and so on are checked by the caller); NULL
+ * fields of cfg come from the environment. Errors name "symm_world_create". */
+SYMM_HIDDEN symm_status symm_wenv_resolve(const symm_world_config *cfg, symm_wenv *env);
+
+/* Create env->dir 0700, or check that the existing one is a directory (not a
+ * symlink) of this user with mode 0700. */
+SYMM_HIDDEN symm_status symm_wenv_prepare_dir(const symm_wenv *env);
+
+/* Parse a SYMM_TIMEOUT value; SYMM_ERR_INVALID_ARG naming call and what is
+ * accepted when it is not a positive number of seconds. */
+SYMM_HIDDEN symm_status symm_wenv_parse_timeout(const char *call, const char *value, double *out);
+
+/* --- world_io.c ------------------------------------------------------- */
+
+/* Outcome of a bounded socket operation; the caller turns it into a message
+ * that names the peer and the call. */
+typedef enum symm_wio {
+    SYMM_WIO_OK = 0,
+    SYMM_WIO_EOF,     /* the peer closed or reset the connection */
+    SYMM_WIO_TIMEOUT, /* the deadline passed */
+    SYMM_WIO_INPUT,   /* (send with watch_input) the peer sent something first */
+    SYMM_WIO_BADFD,   /* descriptors missing, unexpected or truncated (all closed) */
+    SYMM_WIO_ERRNO,   /* another system error; errno says which */
+} symm_wio;
+
+SYMM_HIDDEN double symm_wio_now(void);
+
+/* Milliseconds left until deadline for poll(), rounded up; 0 once passed. */
+SYMM_HIDDEN int symm_wio_poll_ms(double deadline);
+
+/* Send n bytes (n >= 1 when fd >= 0, which is attached to the first byte),
+ * never raising SIGPIPE. With watch_input, stop with SYMM_WIO_INPUT as soon
+ * as the peer has something to read while we wait to send. */
+SYMM_HIDDEN symm_wio symm_wio_send(int sock, const void *buf, size_t n, int fd, double deadline,
+                                   int watch_input);
+
+/* Receive exactly n bytes. fd_out NULL: no descriptor may arrive; otherwise
+ * exactly one must, and *fd_out gets it (close-on-exec). On any failure every
+ * descriptor received is closed. */
+SYMM_HIDDEN symm_wio symm_wio_recv(int sock, void *buf, size_t n, int *fd_out, double deadline);
+
+/* One non-blocking receive of at most n bytes into buf; *got is 0 when nothing
+ * was waiting. Descriptors are refused (closed, SYMM_WIO_BADFD). */
+SYMM_HIDDEN symm_wio symm_wio_recv_some(int sock, void *buf, size_t n, size_t *got);
+
+/* Send a frame with an optional payload (no descriptors). */
+SYMM_HIDDEN symm_wio symm_wio_send_frame(int sock, const symm_world_frame *f, const void *payload,
+                                         double deadline, int watch_input);
+
+/* Send an ERROR frame carrying status and message; best effort. */
+SYMM_HIDDEN void symm_wio_send_error(int sock, symm_status status, const char *message, double deadline);
+
+/* Read the message payload of an ERROR frame f into msg (truncated to
+ * msg_size - 1 bytes; the rest is drained). */
+SYMM_HIDDEN symm_wio symm_wio_recv_error(int sock, const symm_world_frame *f, char *msg, size_t msg_size,
+                                         double deadline);
+
+/* --- world.c ---------------------------------------------------------- */
+
+/* "rank 2" or "ranks 2, 3, 5" (or "ranks 2, 3, ... (40 in all)"): the ranks
+ * whose present[] is 0. */
+SYMM_HIDDEN void symm_world_missing_ranks(const unsigned char *present, int size, char *buf, size_t n);
+
+/* How long a rank waits, beyond the timeout, for rank 0's verdict: rank 0
+ * times out at about the same moment and then says who was missing. */
+SYMM_HIDDEN double symm_world_grace(double timeout_s);
+
+/* --- world_coll.c ----------------------------------------------------- */
+
+/* Record st (with the current message) as the world's sticky failure and
+ * tell the peers: rank 0 tells every rank, the others tell rank 0. */
+SYMM_HIDDEN symm_status symm_world_break(symm_world *w, symm_status st);
+
+#endif

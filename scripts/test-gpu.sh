@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# test-gpu.sh: the GPU tests, through symmrun, on the GPUs of this host.
+#   - the runtime's GPU tests (heap, JIT, NCCL) at 2 ranks and 4 ranks;
+#   - the dispatch/combine matrix (tests/gpu/check.c) over every variant of
+#     the specs (SPEC=path for one spec; default: specs/default.lua and
+#     specs/models.lua): world 2 with one rank per GPU, native and NCCL;
+#     worlds 4 and 8 with several ranks per GPU (time-sliced: correctness only,
+#     a reduced matrix).
+# Without a GPU it says "skipped: no GPU" and exits 0.
+# usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
+set -uo pipefail
+build=${SYMM_BUILD_DIR:-build}
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "test-gpu: skipped: no GPU"
+    exit 0
+fi
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+gpus=$(seq -s, 0 $((ngpu - 1)))
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
+run=$build/bin/symmrun
+passed=0 failed=0
+note() { echo "test-gpu: $*"; }
+record() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); note "FAILED: $2"; fi; }
+
+for t in "$@"; do
+    for n in 2 4; do
+        note "$(basename "$t") with $n ranks on $ngpu GPU(s)"
+        $run -n "$n" --gpus "$gpus" -- "$t" --jobs 1
+        record $? "$(basename "$t") -n $n"
+    done
+done
+
+specs=${SPEC:-specs/default.lua specs/models.lua}
+for spec in $specs; do
+    name=$(basename "$spec" .lua)
+    out=$build/gpu-out/$name
+    $build/bin/symmgen -q -o "$out" "$spec" || { record 1 "symmgen $spec"; continue; }
+    for w in 2 4 8; do
+        extra=()
+        [ "$w" -gt "$ngpu" ] && extra=(--quick)
+        note "$name: world $w on $ngpu GPU(s), native ${extra[*]}"
+        $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" "${extra[@]}"
+        record $? "check $name world $w native"
+        if [ "$w" -le "$ngpu" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+            note "$name: world $w, nccl backend"
+            $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --backend nccl
+            record $? "check $name world $w nccl"
+        fi
+    done
+done
+echo "test-gpu: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

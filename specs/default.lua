@@ -1,0 +1,52 @@
+-- default.lua: the spec `make run` generates and compiles.
+--
+-- A small matrix that touches every code path of the generator at modest
+-- sizes, so compiling all of it stays quick: every dispatch dtype (bf16,
+-- fp16, fp32, fp8_e4m3), a few combine dtypes, both receive layouts, with
+-- and without top-k weights, on 2 and 4 ranks, one variant per world whose
+-- capacity is below the worst case, and expert layouts with aligned segments.
+--
+-- Names read dtype_layout_wWORLD (plus what is special about the variant).
+-- See specs/tutorial.lua for what each field means.
+
+-- Shapes shared by the matrix: a small model and a mid-size one.
+local small = { hidden = 1024, experts = 8, topk = 2, max_tokens = 128 }
+local mid = { hidden = 4096, experts = 32, topk = 4, max_tokens = 256 }
+
+-- A shape plus the fields that make one variant different. layout is called
+-- at each declaration, so an error points at that line.
+local function with(shape, fields)
+  local v = {}
+  for k, x in pairs(shape) do v[k] = x end
+  for k, x in pairs(fields) do v[k] = x end
+  return v
+end
+
+for _, w in ipairs({ 2, 4 }) do
+  local s = "_w" .. w
+
+  -- layout rank: one copy per token and destination rank.
+  layout(with(mid, { name = "bf16_rank" .. s, world = w }))
+  layout(with(small, { name = "fp16_rank" .. s, world = w, dtype = "fp16", weights = false }))
+  layout(with(small, { name = "fp32_rank" .. s, world = w, dtype = "fp32" }))
+  layout(with(mid, { name = "fp8_rank" .. s, world = w, dtype = "fp8_e4m3" }))
+
+  -- Combine in a different dtype than dispatch.
+  layout(with(small, { name = "bf16_rank_out_fp32" .. s, world = w, combine_dtype = "fp32" }))
+
+  -- layout expert: one copy per (token, expert), packed expert-major.
+  layout(with(small, { name = "bf16_expert" .. s, world = w, layout = "expert", weights = false }))
+  layout(with(mid, { name = "fp8_expert_a128" .. s, world = w, dtype = "fp8_e4m3",
+                     combine_dtype = "fp16", layout = "expert", align = 128 }))
+
+  -- Capacity below the worst case (world * max_tokens rows): smaller buffers,
+  -- and rows beyond it are dropped and reported instead of written.
+  layout(with(mid, { name = "bf16_rank_cap" .. s, world = w, capacity = w * mid.max_tokens // 2 }))
+end
+
+-- Top-8 over 64 experts at the largest hidden size of the set, with segments
+-- aligned to 64 rows for grouped-GEMM tiles.
+layout {
+  name = "bf16_expert_a64_w4", hidden = 7168, topk = 8, experts = 64, world = 4,
+  max_tokens = 128, layout = "expert", align = 64,
+}

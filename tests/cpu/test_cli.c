@@ -1,0 +1,787 @@
+/* test_cli.c: the symmgen program as users run it: the built binary
+ * ($SYMM_BUILD_DIR/bin/symmgen) in a fresh temporary directory, checked by
+ * its exit status, its stdout and stderr, and the files it leaves (or does
+ * not leave) behind. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sg.h"
+#include "sg_sha256.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* snprintf into an array, failing the test rather than truncating. */
+#define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
+
+static char work[PATH_MAX];     /* fresh per test; symmgen runs here */
+static char symmgen[PATH_MAX];
+static char repo[PATH_MAX];     /* the source tree (specs/, runtime/include) */
+static uint64_t rng_state;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static int rnd_in(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
+
+static int rm_entry(const char *p, const struct stat *s, int f, struct FTW *w)
+{
+    (void)s, (void)f, (void)w;
+    return remove(p);
+}
+
+static void setup(void)
+{
+    rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
+    if (!rng_state)
+        rng_state = 1;
+    const char *build = getenv("SYMM_BUILD_DIR");
+    char exe[PATH_MAX] = "";
+    if (build) {
+        FMT(symmgen, "%s/bin/symmgen", build);
+    } else {
+        /* Run by hand: BUILD/tests/test_cli -> BUILD/bin/symmgen. */
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        cr_assert(n > 0);
+        exe[n] = '\0';
+        FMT(symmgen, "%s/../bin/symmgen", dirname(exe));
+    }
+    cr_assert(access(symmgen, X_OK) == 0, "%s: %s (build it first)", symmgen, strerror(errno));
+    cr_assert(getcwd(repo, sizeof repo) != NULL);
+    char probe[PATH_MAX + 32];
+    FMT(probe, "%s/specs/default.lua", repo);
+    cr_assert(access(probe, R_OK) == 0, "run the tests from the repository root (no %s)", probe);
+    FMT(work, "/tmp/sg-cli-XXXXXX");
+    cr_assert(mkdtemp(work) != NULL);
+}
+
+static void teardown(void)
+{
+    if (work[0])
+        nftw(work, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    sg_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        sg_buf_append(&b, chunk, n);
+    fclose(f);
+    if (!b.data)
+        sg_buf_append(&b, "", 0);
+    if (len)
+        *len = b.len;
+    return b.data;
+}
+
+static char *read_at(const char *rel, size_t *len)
+{
+    char path[PATH_MAX];
+    FMT(path, "%s/%s", work, rel);
+    return read_file(path, len);
+}
+
+static void write_at(const char *rel, const char *text)
+{
+    char path[PATH_MAX];
+    FMT(path, "%s/%s", work, rel);
+    FILE *f = fopen(path, "w");
+    cr_assert(f != NULL, "%s: %s", path, strerror(errno));
+    fputs(text, f);
+    cr_assert(fclose(f) == 0);
+}
+
+static void mkdir_at(const char *rel)
+{
+    char path[PATH_MAX];
+    FMT(path, "%s/%s", work, rel);
+    cr_assert_eq(mkdir(path, 0755), 0, "mkdir %s: %s", path, strerror(errno));
+}
+
+static bool exists_at(const char *rel)
+{
+    char path[PATH_MAX];
+    FMT(path, "%s/%s", work, rel);
+    return access(path, F_OK) == 0;
+}
+
+typedef struct result {
+    int status;  /* exit status, or 128 + signal */
+    char *out, *err;
+    double ms;
+} result;
+
+static void result_free(result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Runs symmgen with argv (NULL-terminated after argv[0]) in the work
+ * directory; fsize_limit > 0 caps the size of files it may write. */
+static result run_limited(long fsize_limit, const char *const *args)
+{
+    char out_path[PATH_MAX], err_path[PATH_MAX];
+    FMT(out_path, "%s/../%s.stdout", work, strrchr(work, '/') + 1);
+    FMT(err_path, "%s/../%s.stderr", work, strrchr(work, '/') + 1);
+    const char *argv[64] = {symmgen};
+    int argc = 1;
+    for (; args[argc - 1]; argc++)
+        argv[argc] = args[argc - 1];
+    argv[argc] = NULL;
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0 || chdir(work) != 0)
+            _exit(126);
+        if (fsize_limit > 0) {
+            struct rlimit lim;
+            getrlimit(RLIMIT_FSIZE, &lim);
+            lim.rlim_cur = (rlim_t)fsize_limit;
+            signal(SIGXFSZ, SIG_IGN);
+            setrlimit(RLIMIT_FSIZE, &lim);
+        }
+        execv(symmgen, (char *const *)argv);
+        _exit(127);
+    }
+    int wstatus;
+    while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR)
+        ;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    result r = {
+        .status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus),
+        .out = read_file(out_path, NULL),
+        .err = read_file(err_path, NULL),
+        .ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6,
+    };
+    unlink(out_path);
+    unlink(err_path);
+    return r;
+}
+
+#define RUN(...) run_limited(0, (const char *const[]){__VA_ARGS__, NULL})
+
+/* Every entry under dir, sorted, with sizes, modes and hashes; paths
+ * relative to root. */
+static void snapshot_rel(const char *root, const char *dir, sg_buf *out)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    if (n < 0) {
+        sg_buf_printf(out, "(no %s)\n", dir);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        FMT(path, "%s/%s", dir, names[i]->d_name);
+        struct stat st;
+        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, "..") && lstat(path, &st) == 0) {
+            char hex[SG_SHA256_HEX_SIZE] = "-";
+            if (S_ISREG(st.st_mode)) {
+                size_t len;
+                char *data = read_file(path, &len);
+                sg_sha256_hex(data, len, hex);
+                free(data);
+            }
+            sg_buf_printf(out, "%s %lld %o %s\n", path + strlen(root), (long long)st.st_size,
+                          (unsigned)st.st_mode, hex);
+            if (S_ISDIR(st.st_mode))
+                snapshot_rel(root, path, out);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+static void snapshot(const char *dir, sg_buf *out) { snapshot_rel(dir, dir, out); }
+
+static void snapshot_work(sg_buf *out)
+{
+    out->len = 0;
+    snapshot(work, out);
+    if (!out->data)
+        sg_buf_puts(out, "");
+}
+
+/* A small valid variant line; fields are random but valid. */
+static void variant_line(sg_buf *spec, const char *name, int max_tokens)
+{
+    static const char *const dtypes[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};
+    int world = 2 << rnd_in(0, 2), experts = world * rnd_in(1, 8);
+    int topk = rnd_in(1, experts < 4 ? experts : 4);
+    sg_buf_printf(spec, "layout { name = \"%s\", hidden = %d, topk = %d, experts = %d, world = %d, "
+                        "max_tokens = %d, dtype = \"%s\", layout = \"%s\" }\n",
+                  name, 128 * rnd_in(1, 32), topk, experts, world, max_tokens,
+                  dtypes[rnd() % 4], rnd() & 1 ? "rank" : "expert");
+}
+
+/* Writes spec NAME.lua with n random variants named PREFIX0..; returns the
+ * names' prefix. */
+static void write_spec(const char *rel, const char *prefix, int n)
+{
+    sg_buf spec = {0};
+    sg_buf_puts(&spec, "-- test spec\n");
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        FMT(name, "%s%d", prefix, i);
+        variant_line(&spec, name, rnd_in(1, 300));
+    }
+    write_at(rel, spec.data);
+    sg_buf_free(&spec);
+}
+
+/* A minimal JSON validator: true when text is one JSON value. */
+static const char *json_value(const char *p);
+
+static const char *json_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r')
+        p++;
+    return p;
+}
+
+static const char *json_string(const char *p)
+{
+    if (*p++ != '"')
+        return NULL;
+    for (; *p != '"'; p++) {
+        if ((unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\' && !*++p)
+            return NULL;
+    }
+    return p + 1;
+}
+
+static const char *json_list(const char *p, char close, bool object)
+{
+    p = json_ws(p + 1);
+    if (*p == close)
+        return p + 1;
+    for (;;) {
+        if (object) {
+            p = json_string(json_ws(p));
+            if (!p || *(p = json_ws(p)) != ':')
+                return NULL;
+            p++;
+        }
+        p = json_value(p);
+        if (!p)
+            return NULL;
+        p = json_ws(p);
+        if (*p == close)
+            return p + 1;
+        if (*p++ != ',')
+            return NULL;
+    }
+}
+
+static const char *json_value(const char *p)
+{
+    p = json_ws(p);
+    if (*p == '{')
+        return json_list(p, '}', true);
+    if (*p == '[')
+        return json_list(p, ']', false);
+    if (*p == '"')
+        return json_string(p);
+    if (strncmp(p, "true", 4) == 0 || strncmp(p, "null", 4) == 0)
+        return p + 4;
+    if (strncmp(p, "false", 5) == 0)
+        return p + 5;
+    char *end;
+    strtod(p, &end);
+    return end == p ? NULL : end;
+}
+
+static bool json_valid(const char *text)
+{
+    const char *end = json_value(text);
+    return end && *json_ws(end) == '\0';
+}
+
+/* The string value of "key" in the object text that starts at from. */
+static void json_field(const char *from, const char *key, char *out, size_t size)
+{
+    char pattern[64];
+    FMT(pattern, "\"%s\": \"", key);
+    const char *p = strstr(from, pattern);
+    cr_assert(p, "no %s after %.60s", key, from);
+    p += strlen(pattern);
+    size_t n = strcspn(p, "\"");
+    cr_assert(n < size);
+    memcpy(out, p, n);
+    out[n] = '\0';
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+TestSuite(cli, .init = setup, .fini = teardown);
+
+Test(cli, help_and_version_exit_0)
+{
+    result r = RUN("--help");
+    cr_assert_eq(r.status, 0, "stderr: %s", r.err);
+    cr_assert(strstr(r.out, "usage: symmgen") && strstr(r.out, "--compile") && strstr(r.out, "-D FIELD=VALUE"),
+              "help: %s", r.out);
+    result_free(&r);
+    r = RUN("--version");
+    cr_assert_eq(r.status, 0);
+    cr_assert_str_eq(r.out, "symmgen " SYMM_VERSION "\n");
+    result_free(&r);
+}
+
+Test(cli, usage_errors_exit_2_with_a_message_and_write_nothing)
+{
+    write_spec("a.lua", "a", 1);
+    write_at("b.lua", "");
+    char unknown[32], bad_define[32];
+    FMT(unknown, "--no-such-%u", rnd());
+    FMT(bad_define, "hidden%u", rnd());
+    struct {
+        const char *args[6];
+        const char *says;
+    } cases[] = {
+        {{unknown, "a.lua"}, unknown},
+        {{"-D", bad_define, "a.lua"}, "expected FIELD=VALUE"},
+        {{"-D", "=3", "a.lua"}, "expected FIELD=VALUE"},
+        {{"-o", "x", "a.lua", "b.lua"}, "several specs"},
+        {{"--arch", "sm90", "a.lua"}, "--arch sm90"},
+        {{"--compile", "--arch=compute_90", "a.lua"}, "compute_90"},
+        {{"--arch", "sm_90b", "a.lua"}, "sm_90b"},
+        {{"--json", "a.lua"}, "--list"},
+        {{"--list", "--compile", "a.lua"}, "--list"},
+        {{"-q"}, "no spec file"},
+        {{"-o"}, "expected an output directory"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *const *a = cases[i].args;
+        result r = run_limited(0, a);
+        cr_assert_eq(r.status, 2, "case %zu (%s): status %d, stderr %s", i, a[0], r.status, r.err);
+        cr_assert(strstr(r.err, cases[i].says), "case %zu: stderr lacks \"%s\": %s", i, cases[i].says, r.err);
+        cr_assert(strstr(r.err, "symmgen --help"), "case %zu: no pointer to --help", i);
+        cr_assert(!exists_at("out") && !exists_at("x"), "case %zu wrote files", i);
+        result_free(&r);
+    }
+    /* Two specs with the same name would write the same directory. */
+    mkdir_at("sub");
+    write_spec("sub/a.lua", "c", 1);
+    result r = RUN("a.lua", "sub/a.lua");
+    cr_assert_eq(r.status, 2, "%s", r.err);
+    cr_assert(strstr(r.err, "both write out/a"), "%s", r.err);
+    cr_assert(!exists_at("out"));
+    result_free(&r);
+}
+
+Test(cli, spec_error_exits_1_with_every_message_and_writes_nothing)
+{
+    int line = rnd_in(2, 30);
+    sg_buf spec = {0};
+    for (int i = 1; i < line; i++)
+        sg_buf_puts(&spec, i % 3 ? "\n" : "-- comment\n");
+    char field[32];
+    FMT(field, "bogus_%u", rnd() % 1000);
+    sg_buf_printf(&spec, "layout { name = \"x\", hidden = 1024, topk = 2, experts = 8, world = 2, "
+                         "max_tokens = 64, %s = 1 }\n", field);
+    sg_buf_puts(&spec, "layout { name = \"y\", hidden = 1024, topk = 99, experts = 8, world = 2, max_tokens = 64 }\n");
+    write_at("bad.lua", spec.data);
+    result r = RUN("bad.lua");
+    cr_assert_eq(r.status, 1, "status %d: %s", r.status, r.err);
+    char want[64];
+    FMT(want, "bad.lua:%d: ", line);
+    cr_assert(strstr(r.err, want) && strstr(r.err, field), "stderr lacks \"%s\" and %s: %s", want, field, r.err);
+    FMT(want, "bad.lua:%d: ", line + 1);
+    cr_assert(strstr(r.err, want) && strstr(r.err, "topk"), "the second error is missing: %s", r.err);
+    cr_assert_null(strstr(r.err, "traceback"), "%s", r.err);
+    cr_assert(!exists_at("out"), "a failing spec wrote out/");
+    cr_assert_str_eq(r.out, "");
+    result_free(&r);
+    sg_buf_free(&spec);
+}
+
+Test(cli, check_validates_and_writes_nothing)
+{
+    int n = rnd_in(1, 5);
+    write_spec("s.lua", "v", n);
+    result r = RUN("--check", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char want[64];
+    FMT(want, "s.lua: %d variant%s OK", n, n == 1 ? "" : "s");
+    cr_assert(strstr(r.err, want), "%s", r.err);
+    cr_assert(!exists_at("out"));
+    result_free(&r);
+    r = RUN("--check", "-q", "s.lua");
+    cr_assert_eq(r.status, 0);
+    cr_assert_str_eq(r.err, "", "-q printed: %s", r.err);
+    result_free(&r);
+}
+
+Test(cli, list_prints_aligned_rows_and_json_and_writes_nothing)
+{
+    int n = rnd_in(2, 6);
+    sg_buf spec = {0};
+    char names[6][32];
+    for (int i = 0; i < n; i++) {
+        FMT(names[i], "v%.*s%d", rnd_in(0, 8), "xxxxxxxx", i);
+        variant_line(&spec, names[i], rnd_in(1, 1000));
+    }
+    write_at("s.lua", spec.data);
+    result r = RUN("--list", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    int lines = 0;
+    long layout_col = -1, sym_col = -1;
+    for (char *line = r.out, *nl; (nl = strchr(line, '\n')); line = nl + 1, lines++) {
+        *nl = '\0';
+        cr_assert(strncmp(line, names[lines], strlen(names[lines])) == 0, "row %d: %s", lines, line);
+        cr_assert(strstr(line, "hidden=") && strstr(line, " MiB"), "row %d: %s", lines, line);
+        long lc = strstr(line, "  rank ") ? strstr(line, "  rank ") - line : strstr(line, "  expert") - line;
+        long sc = strstr(line, "sym=") - line;
+        cr_assert(layout_col < 0 || (lc == layout_col && sc == sym_col), "columns are not aligned at row %d", lines);
+        layout_col = lc, sym_col = sc;
+    }
+    cr_assert_eq(lines, n);
+    result_free(&r);
+
+    r = RUN("--list", "--json", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(json_valid(r.out), "not JSON:\n%s", r.out);
+    for (int i = 0; i < n; i++) {
+        char key[64];
+        FMT(key, "\"name\": \"%s\"", names[i]);
+        cr_assert(strstr(r.out, key), "no %s", key);
+    }
+    cr_assert(!exists_at("out"));
+    result_free(&r);
+    sg_buf_free(&spec);
+}
+
+Test(cli, same_spec_gives_byte_identical_output)
+{
+    write_spec("s.lua", "v", rnd_in(2, 6));
+    result a = RUN("-o", "one", "s.lua"), b = RUN("-q", "-o", "two/deeper", "s.lua");
+    cr_assert_eq(a.status, 0, "%s", a.err);
+    cr_assert_eq(b.status, 0, "%s", b.err);
+    cr_assert_str_eq(b.err, "", "-q printed: %s", b.err);
+    char one[PATH_MAX], two[PATH_MAX];
+    FMT(one, "%s/one", work);
+    FMT(two, "%s/two/deeper", work);
+    sg_buf sa = {0}, sb = {0};
+    snapshot(one, &sa);
+    snapshot(two, &sb);
+    cr_assert_str_eq(sa.data, sb.data, "the two outputs differ");
+    cr_assert(strstr(sa.data, "/manifest.json ") && strstr(sa.data, "/v0.c "), "%s", sa.data);
+    result_free(&a);
+    result_free(&b);
+    sg_buf_free(&sa);
+    sg_buf_free(&sb);
+}
+
+Test(cli, spec_error_leaves_an_existing_output_byte_identical)
+{
+    write_spec("s.lua", "v", rnd_in(1, 4));
+    result r = RUN("s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    sg_buf before = {0}, after = {0};
+    /* Same spec, now with an error in its last variant. */
+    size_t len;
+    char *text = read_at("s.lua", &len);
+    sg_buf broken = {0};
+    sg_buf_append(&broken, text, len);
+    sg_buf_puts(&broken, "layout { name = \"late\", hidden = 1001, topk = 2, experts = 8, world = 2, max_tokens = 8 }\n");
+    write_at("s.lua", broken.data);
+    snapshot_work(&before);
+    r = RUN("s.lua");
+    cr_assert_eq(r.status, 1, "%s", r.err);
+    cr_assert(strstr(r.err, "hidden"), "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "the output changed after a spec error");
+    result_free(&r);
+    free(text);
+    sg_buf_free(&broken);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+}
+
+Test(cli, regenerating_replaces_the_whole_output)
+{
+    write_spec("s.lua", "old", 3);
+    result r = RUN("s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    write_spec("s.lua", "new", 2);
+    r = RUN("s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(!exists_at("out/s/old0.cu"), "a variant no longer in the spec survived");
+    cr_assert(exists_at("out/s/new1.cu") && exists_at("out/s/new1.h") && exists_at("out/s/new1.c"));
+    char out_dir[PATH_MAX];
+    FMT(out_dir, "%s/out", work);
+    DIR *d = opendir(out_dir);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        entries += e->d_name[0] != '.';
+    closedir(d);
+    sg_buf all = {0};
+    snapshot(out_dir, &all);
+    cr_assert_eq(entries, 1, "out/ holds more than out/s");
+    cr_assert_null(strstr(all.data, "/."), "hidden leftovers in out/:\n%s", all.data);
+    result_free(&r);
+    sg_buf_free(&all);
+}
+
+Test(cli, refuses_to_replace_a_directory_that_is_not_ours)
+{
+    write_spec("s.lua", "v", 1);
+    mkdir_at("out");
+    mkdir_at("out/s");
+    char text[32];
+    FMT(text, "%u\n", rnd());
+    write_at("out/s/precious.txt", text);
+    sg_buf before = {0}, after = {0};
+    snapshot_work(&before);
+    result r = RUN("s.lua");
+    cr_assert_eq(r.status, 1, "%s", r.err);
+    cr_assert(strstr(r.err, "out/s exists and is not a symmgen output directory (no manifest.json): "
+                            "refusing to replace it"), "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data);
+    result_free(&r);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+}
+
+Test(cli, write_error_exits_1_naming_the_file_and_keeps_the_output)
+{
+    write_spec("s.lua", "v", 2);
+    result r = RUN("s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    sg_buf before = {0}, after = {0};
+    snapshot_work(&before);
+    r = run_limited(1000, (const char *const[]){"s.lua", NULL});
+    cr_assert_eq(r.status, 1, "status %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, strerror(EFBIG)) && strstr(r.err, "out/.s.tmp-"), "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data);
+    result_free(&r);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+}
+
+Test(cli, several_specs_each_get_their_directory)
+{
+    int na = rnd_in(1, 3), nb = rnd_in(1, 3);
+    write_spec("first.lua", "a", na);
+    write_spec("second.lua", "b", nb);
+    result r = RUN("first.lua", "second.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(exists_at("out/first/manifest.json") && exists_at("out/second/manifest.json"));
+    cr_assert(exists_at("out/first/a0.c") && !exists_at("out/first/b0.c") && exists_at("out/second/b0.c"));
+    result_free(&r);
+    r = RUN("--list", "--json", "first.lua", "second.lua");
+    cr_assert_eq(r.status, 0);
+    cr_assert(json_valid(r.out), "%s", r.out);
+    cr_assert(strstr(r.out, "\"name\": \"a0\"") && strstr(r.out, "\"name\": \"b0\""));
+    result_free(&r);
+}
+
+Test(cli, manifest_is_json_and_its_hashes_match_the_files)
+{
+    int n = rnd_in(1, 4);
+    write_spec("s.lua", "v", n);
+    result r = RUN("s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char *manifest = read_at("out/s/manifest.json", NULL);
+    cr_assert(manifest && json_valid(manifest), "manifest.json is not JSON");
+    cr_assert(strncmp(manifest, "{\n  \"format\": 1,\n  \"symmgen\": \"" SYMM_VERSION "\",\n  \"spec\": \"s.lua\",",
+                      strlen("{\n  \"format\": 1,\n")) == 0, "%.100s", manifest);
+    cr_assert(manifest[strlen(manifest) - 1] == '\n' && manifest[strlen(manifest) - 2] == '}');
+    for (int i = 0; i < n; i++) {
+        char key[64], name[32], want[SG_SHA256_HEX_SIZE], got[SG_SHA256_HEX_SIZE];
+        FMT(name, "v%d", i);
+        FMT(key, "\"name\": \"%s\"", name);
+        const char *obj = strstr(manifest, key);
+        cr_assert(obj, "no variant %s", name);
+        sg_sha256 h;
+        uint8_t digest[SG_SHA256_SIZE];
+        sg_sha256_init(&h);
+        const char *ext[] = {"cu", "h", "c"};
+        for (int k = 0; k < 3; k++) {
+            char rel[64];
+            size_t len;
+            FMT(rel, "out/s/%s.%s", name, ext[k]);
+            char *data = read_at(rel, &len);
+            cr_assert(data, "%s missing", rel);
+            if (k == 0) {
+                sg_sha256_hex(data, len, want);
+                json_field(obj, "source_sha256", got, sizeof got);
+                cr_assert_str_eq(got, want, "%s: source_sha256", name);
+            }
+            sg_sha256_update(&h, data, len);
+            free(data);
+        }
+        sg_sha256_final(&h, digest);
+        sg_sha256_to_hex(digest, want);
+        json_field(obj, "content_sha256", got, sizeof got);
+        cr_assert_str_eq(got, want, "%s: content_sha256", name);
+    }
+    free(manifest);
+    result_free(&r);
+}
+
+Test(cli, every_file_starts_with_the_header_and_d_overrides_show)
+{
+    int n = rnd_in(1, 3), tokens = rnd_in(1, 5000);
+    write_spec("s.lua", "v", n);
+    char define[64];
+    FMT(define, "max_tokens=%d", tokens);
+    result r = RUN("-D", define, "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char *manifest = read_at("out/s/manifest.json", NULL);
+    for (int i = 0; i < n; i++) {
+        const char *ext[] = {"cu", "h", "c"};
+        for (int k = 0; k < 3; k++) {
+            char rel[64], want[160], line[64];
+            FMT(rel, "out/s/v%d.%s", i, ext[k]);
+            char *data = read_at(rel, NULL);
+            cr_assert(data, "%s missing", rel);
+            FMT(want, "/* Generated by symmgen %s from s.lua, variant v%d. Do not edit.\n",
+                     SYMM_VERSION, i);
+            cr_assert(strncmp(data, want, strlen(want)) == 0, "%s starts: %.120s", rel, data);
+            FMT(line, "\n *   max_tokens     %d\n", tokens);
+            char *end = strstr(data, " */\n");
+            cr_assert(end && strstr(data, line) && strstr(data, line) < end, "%s: no %s in the header", rel, line);
+            free(data);
+        }
+        char key[64];
+        FMT(key, "\"name\": \"v%d\"", i);
+        char want[64];
+        FMT(want, "\"max_tokens\": %d,", tokens);
+        const char *obj = strstr(manifest, key);
+        cr_assert(obj && strstr(obj, want), "manifest lacks %s for v%d", want, i);
+    }
+    free(manifest);
+    result_free(&r);
+}
+
+Test(cli, generated_c_of_the_default_spec_compiles_cleanly)
+{
+    char spec[PATH_MAX + 32];
+    FMT(spec, "%s/specs/default.lua", repo);
+    result r = RUN("-q", "-o", "gen", spec);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    char cmd[4 * PATH_MAX + 256];
+    snprintf(cmd, sizeof cmd,
+             "cd %s/gen && gcc -std=c11 -Wall -Wextra -Werror -I%s/runtime/include -I/usr/local/cuda/include -c *.c",
+             work, repo);
+    cr_assert_eq(system(cmd), 0, "the generated C does not compile cleanly");
+    char gen[PATH_MAX];
+    FMT(gen, "%s/gen", work);
+    DIR *d = opendir(gen);
+    int c_files = 0, objects = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        c_files += len > 2 && strcmp(e->d_name + len - 2, ".c") == 0;
+        objects += len > 2 && strcmp(e->d_name + len - 2, ".o") == 0;
+    }
+    closedir(d);
+    cr_assert(c_files > 0 && objects == c_files, "%d .c files, %d objects", c_files, objects);
+}
+
+/* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator);
+ * there a small spec with one variant of each layout and an fp8 one stands in
+ * for the default spec's 17, to keep the sanitizer run short. */
+Test(cli, compile_of_the_default_spec_reports_a_time_per_variant, .timeout = 300)
+{
+    char spec[PATH_MAX + 32];
+#if defined(__SANITIZE_ADDRESS__)
+    write_at("small.lua",
+             "layout { name = 'r', hidden = 1024, topk = 2, experts = 8, world = 2, max_tokens = 64 }\n"
+             "layout { name = 'e', hidden = 1024, topk = 2, experts = 8, world = 4, max_tokens = 64,\n"
+             "         layout = 'expert', align = 64, dtype = 'fp8_e4m3' }\n");
+    FMT(spec, "%s/small.lua", work);
+#else
+    FMT(spec, "%s/specs/default.lua", repo);
+#endif
+    result list = RUN("--list", spec);
+    cr_assert_eq(list.status, 0);
+    result r = RUN("--compile", spec);
+    cr_assert_eq(r.status, 0, "status %d: %s", r.status, r.err);
+    int variants = 0;
+    for (char *line = list.out, *nl; (nl = strchr(line, '\n')); line = nl + 1, variants++) {
+        char name[SG_NAME_MAX + 1], want[SG_NAME_MAX + 64];
+        FMT(name, "%.*s", (int)strcspn(line, " "), line);
+        FMT(want, "compiled %s for sm_90a in ", name);
+        const char *at = strstr(r.err, want);
+        cr_assert(at, "no compile time for %s: %s", name, r.err);
+        cr_assert(strstr(at, " ms\n"), "%s", at);
+    }
+    char total[64];
+    FMT(total, "compiled %d variants for sm_90a in ", variants);
+    cr_assert(strstr(r.err, total), "no total: %s", r.err);
+    cr_assert(exists_at("out/default/manifest.json") || exists_at("out/small/manifest.json"));
+    printf("symmgen --compile: %d variants in %.0f ms\n", variants, r.ms);
+    result_free(&r);
+    result_free(&list);
+}
+
+Test(cli, a_hundred_variants_generate_quickly)
+{
+    write_at("many.lua",
+             "local dtypes = { 'bf16', 'fp16', 'fp32', 'fp8_e4m3' }\n"
+             "for i = 1, 100 do\n"
+             "  local w = ({ 2, 4, 8 })[1 + i % 3]\n"
+             "  layout { name = 'v' .. i, hidden = 1024 * (1 + i % 7), topk = 1 + i % 8, experts = 8 * w,\n"
+             "           world = w, max_tokens = 64 + i, dtype = dtypes[1 + i % 4],\n"
+             "           layout = (i % 2 == 0) and 'rank' or 'expert' }\n"
+             "end\n");
+    result r = RUN("-q", "many.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(exists_at("out/many/v100.c"));
+    printf("symmgen: 100 variants generated in %.0f ms (target < 1000 ms)\n", r.ms);
+    cr_assert(r.ms < 10000, "100 variants took %.0f ms", r.ms);
+    result_free(&r);
+}
+
+/* A separate -D argument is read as a whole: an unknown field in it is a spec
+ * error with a suggestion, never a usage error about a missing value. */
+Test(cli, separate_d_argument_with_unknown_field_suggests_the_field)
+{
+    write_spec("s.lua", "v", 1);
+    char define[64];
+    FMT(define, "hiden=%d", rnd_in(1, 9) * 16);
+    result r = RUN("--check", "-D", define, "s.lua");
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "did you mean \"hidden\""), "stderr: %s", r.err);
+    result_free(&r);
+}

@@ -1,0 +1,735 @@
+/* test_emit.c: symmgen's output machinery without the command line: template
+ * expansion ({{holes}}, #line numbering checked through NVRTC), the C array
+ * that carries the CUDA source (round trip through gcc), SHA-256, and the
+ * all-or-nothing output directory (sg_output_write), compile failures
+ * included. Templates here are small fixtures, not templates/. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sg.h"
+#include "sg_sha256.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* snprintf into an array, failing the test rather than truncating. */
+#define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
+
+static char tmp_root[PATH_MAX];
+static uint64_t rng_state;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static int rnd_in(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
+
+static int rm_entry(const char *p, const struct stat *s, int f, struct FTW *w)
+{
+    (void)s, (void)f, (void)w;
+    return remove(p);
+}
+
+static void setup(void)
+{
+    rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
+    if (!rng_state)
+        rng_state = 1;
+    FMT(tmp_root, "/tmp/sg-emit-XXXXXX");
+    cr_assert(mkdtemp(tmp_root) != NULL, "mkdtemp: %s", strerror(errno));
+}
+
+static void teardown(void)
+{
+    if (tmp_root[0])
+        nftw(tmp_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    sg_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        sg_buf_append(&b, chunk, n);
+    fclose(f);
+    if (!b.data)
+        sg_buf_append(&b, "", 0);
+    *len = b.len;
+    return b.data;
+}
+
+static void write_text(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f != NULL, "fopen %s: %s", path, strerror(errno));
+    cr_assert(fwrite(data, 1, len, f) == len);
+    cr_assert(fclose(f) == 0);
+}
+
+/* Every entry under dir (sorted "name size mode sha" lines), to compare trees
+ * byte for byte. */
+static void snapshot(const char *dir, sg_buf *out)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, NULL, alphasort);
+    cr_assert(n >= 0, "scandir %s: %s", dir, strerror(errno));
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        FMT(path, "%s/%s", dir, names[i]->d_name);
+        struct stat st;
+        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, "..") && lstat(path, &st) == 0) {
+            char hex[SG_SHA256_HEX_SIZE] = "-";
+            if (S_ISREG(st.st_mode)) {
+                size_t len;
+                char *data = read_file(path, &len);
+                sg_sha256_hex(data, len, hex);
+                free(data);
+            }
+            sg_buf_printf(out, "%s %lld %o %s\n", names[i]->d_name, (long long)st.st_size,
+                          (unsigned)st.st_mode, hex);
+            if (S_ISDIR(st.st_mode))
+                snapshot(path, out);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert(d != NULL, "opendir %s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static void random_variant(sg_variant *v, int index)
+{
+    static const int worlds[] = {2, 4, 8};
+    memset(v, 0, sizeof *v);
+    snprintf(v->name, sizeof v->name, "v%d_%u", index, rnd() % 100000);
+    v->line = rnd_in(1, 500);
+    v->world = worlds[rnd() % 3];
+    v->experts = v->world * rnd_in(1, 8);
+    v->topk = rnd_in(1, v->experts < 8 ? v->experts : 8);
+    v->hidden = 128 * rnd_in(1, 16);
+    v->max_tokens = rnd_in(1, 512);
+    v->dtype = (symm_dtype)rnd_in(0, 3);
+    v->combine_dtype = (symm_dtype)rnd_in(0, 2);
+    v->layout = (symm_layout)rnd_in(0, 1);
+    v->weights = rnd() & 1;
+    v->align = v->layout == SYMM_LAYOUT_EXPERT ? 1 << rnd_in(0, 7) : 1;
+    v->sms = rnd_in(1, 32);
+    v->capacity = sg_worst_capacity(v);
+}
+
+/* ---- expansion ---------------------------------------------------------- */
+
+TestSuite(expand, .init = setup, .fini = teardown);
+
+Test(expand, holes_take_their_values_and_other_braces_stay)
+{
+    char a[32], b[32];
+    FMT(a, "%u", rnd());
+    FMT(b, "x%u", rnd());
+    sg_vars vars = {0};
+    sg_vars_set(&vars, "A", "%s", a);
+    sg_vars_set(&vars, "B_2", "%s", b);
+    const char text[] = "int a = {{A}};\nint m[1][1] = {{1}}; // {{lower}} {{A {{ }}\n{{B_2}}{{A}}{{{A}}}";
+    sg_template t = {"templates/x.in", text, sizeof text - 1};
+    sg_buf out = {0};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_expand(&t, &vars, true, &out, &diag), SG_EXIT_OK);
+    char want[256];
+    FMT(want, "int a = %s;\nint m[1][1] = {{1}}; // {{lower}} {{A {{ }}\n%s%s{%s}", a, b, a, a);
+    cr_assert_str_eq(out.data, want, "expanded:\n%s\nwanted:\n%s", out.data, want);
+    cr_assert_eq(diag.count, 0);
+    sg_buf_free(&out);
+    sg_vars_free(&vars);
+}
+
+Test(expand, unknown_hole_is_an_internal_error_naming_template_and_line)
+{
+    int line = rnd_in(1, 40);
+    sg_buf text = {0};
+    for (int i = 1; i < line; i++)
+        sg_buf_printf(&text, "// line %d {{KNOWN}}\n", i);
+    sg_buf_puts(&text, "int x = {{MISSING_ONE}};\n// after\n");
+    sg_vars vars = {0};
+    sg_vars_set(&vars, "KNOWN", "%d", line);
+    sg_template t = {"templates/fixture.cu.in", text.data, text.len};
+    sg_buf out = {0};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_expand(&t, &vars, false, &out, &diag), SG_EXIT_INTERNAL);
+    cr_assert_eq(diag.count, 1);
+    char want[128];
+    FMT(want, "internal error: templates/fixture.cu.in:%d: hole {{MISSING_ONE}}", line);
+    cr_assert(strstr(diag.messages[0], want), "message \"%s\" lacks \"%s\"", diag.messages[0], want);
+    sg_diag_free(&diag);
+    sg_buf_free(&out);
+    sg_buf_free(&text);
+    sg_vars_free(&vars);
+}
+
+/* A template of random plain lines, one-line holes and multi-line holes (one
+ * inside a continued macro), with a deliberate error at a known line: NVRTC
+ * must report that template line. */
+Test(expand, line_directives_make_nvrtc_name_the_template_line)
+{
+    for (int round = 0; round < 3; round++) {
+        sg_buf text = {0}, out = {0};
+        sg_vars vars = {0};
+        sg_diag diag = {0};
+        sg_buf_puts(&text, "{{HEADER}}\n");
+        sg_vars_set(&vars, "HEADER", "/* fixture\n * header %u\n */", rnd());
+        int line = 2, lines_before_error = rnd_in(2, 12), holes = 0;
+        for (int i = 0; i < lines_before_error; i++, line++) {
+            int kind = rnd_in(0, 3);
+            if (kind == 0) {
+                sg_buf_printf(&text, "// plain line %d\n", line);
+            } else if (kind == 1) {
+                sg_buf_printf(&text, "constexpr int c%d = {{ONE_%d}};\n", line, holes);
+                char name[16];
+                FMT(name, "ONE_%d", holes++);
+                sg_vars_set(&vars, strdup(name), "%u", rnd() % 1000);
+            } else if (kind == 2) {
+                sg_buf_printf(&text, "{{BLOCK_%d}}\n", holes);
+                char name[16];
+                FMT(name, "BLOCK_%d", holes++);
+                sg_buf value = {0};
+                int n = rnd_in(2, 9);
+                for (int k = 0; k < n; k++)
+                    sg_buf_printf(&value, "%sconstexpr int b%d_%d = %d;", k ? "\n" : "", line, k, k);
+                sg_vars_set(&vars, strdup(name), "%s", value.data);
+                sg_buf_free(&value);
+            } else {
+                /* A multi-line value inside a macro: the #line must wait for
+                 * the macro's end. */
+                sg_buf_printf(&text, "#define SUM%d (0 \\\n  {{TERMS_%d}} \\\n  )\n", line, holes);
+                char name[16];
+                FMT(name, "TERMS_%d", holes++);
+                sg_vars_set(&vars, strdup(name), "+ 1 \\\n  + 2 \\\n  + %d", rnd_in(3, 9));
+                line += 2;
+            }
+        }
+        sg_buf_printf(&text, "__global__ void broken() { int x = ; }\n// tail\n");
+        sg_template t = {"templates/fixture.cu.in", text.data, text.len};
+        cr_assert_eq(sg_expand(&t, &vars, true, &out, &diag), SG_EXIT_OK);
+
+        double ms;
+        char *log = NULL;
+        cr_assert_eq(sg_nvrtc_compile("fixture.cu", out.data, out.len, "sm_90a", &ms, &log), -1,
+                     "the broken fixture compiled:\n%s", out.data);
+        char want[64];
+        FMT(want, "templates/fixture.cu.in(%d): error", line);
+        cr_assert(log && strstr(log, want), "NVRTC log does not name line %d:\n%s\n--- expanded:\n%s\n--- template:\n%s",
+                  line, log ? log : "(none)", out.data, text.data);
+        free(log);
+        for (size_t i = 0; i < vars.count; i++)
+            if (strcmp(vars.items[i].name, "HEADER"))
+                free((char *)vars.items[i].name);
+        sg_vars_free(&vars);
+        sg_buf_free(&text);
+        sg_buf_free(&out);
+    }
+}
+
+Test(expand, one_line_values_add_no_line_directive)
+{
+    sg_vars vars = {0};
+    sg_vars_set(&vars, "X", "%u", rnd());
+    const char text[] = "a {{X}}\nb {{X}}\n";
+    sg_template t = {"templates/x.in", text, sizeof text - 1};
+    sg_buf out = {0};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_expand(&t, &vars, true, &out, &diag), SG_EXIT_OK);
+    cr_assert_null(strstr(out.data, "#line"), "%s", out.data);
+    sg_buf_free(&out);
+    sg_vars_free(&vars);
+}
+
+/* ---- the C array carrying the source ------------------------------------ */
+
+/* Compile a program printing the array, run it, compare with data. */
+static void round_trip(const char *data, size_t len, const char *compiler)
+{
+    sg_buf c = {0};
+    sg_buf_puts(&c, "#include <stdio.h>\n");
+    sg_c_source_array("payload_source", data, len, &c);
+    sg_buf_printf(&c, "\n_Static_assert(sizeof payload_source == %zuu + 1, \"length\");\n"
+                      "int main(void) { fwrite(payload_source, 1, sizeof payload_source - 1, stdout);"
+                      " return payload_source[sizeof payload_source - 1]; }\n", len);
+    char src[PATH_MAX], exe[PATH_MAX], got_path[PATH_MAX], cmd[4 * PATH_MAX];
+    FMT(src, "%s/payload.c", tmp_root);
+    FMT(exe, "%s/payload", tmp_root);
+    FMT(got_path, "%s/payload.out", tmp_root);
+    write_text(src, c.data, c.len);
+    FMT(cmd, "%s -std=c11 -pedantic -Wall -Wextra -Werror %s -o %s", compiler, src, exe);
+    int rc = system(cmd);
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "%s failed on the generated array", compiler);
+    FMT(cmd, "%s > %s", exe, got_path);
+    rc = system(cmd);
+    cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the array is not NUL-terminated");
+    size_t got_len;
+    char *got = read_file(got_path, &got_len);
+    cr_assert_eq(got_len, len, "%s: %zu bytes back, %zu in", compiler, got_len, len);
+    cr_assert(memcmp(got, data, len) == 0, "%s: the bytes differ", compiler);
+    free(got);
+    sg_buf_free(&c);
+}
+
+Test(source_array, every_byte_survives_gcc_and_clang_with_pedantic, .init = setup,
+     .fini = teardown)
+{
+    /* Bytes that need care, densely: quotes, backslashes, trigraph starts,
+     * octal escapes followed by digits, NUL, high bytes; and lines longer than
+     * one literal. */
+    static const char tricky[] = "\"\\?\?/?\?=?\?'?\0" "0123\n\t\r\x7f\x80\xff{}%";
+    size_t len = 20000 + rnd() % 20000;
+    char *data = malloc(len);
+    for (size_t i = 0; i < len; i++) {
+        uint32_t r = rnd();
+        data[i] = (r & 3) ? tricky[(r >> 2) % (sizeof tricky - 1)] : (char)(r >> 8);
+    }
+    memset(data + len / 2, 'x', 9000); /* one line of 9000 bytes */
+    round_trip(data, len, "gcc");
+    if (system("clang --version > /dev/null 2>&1") == 0)
+        round_trip(data, len, "clang");
+    round_trip("", 0, "gcc");
+    free(data);
+}
+
+/* ---- SHA-256 ------------------------------------------------------------ */
+
+static void check_hex(const void *data, size_t len, const char *want)
+{
+    char hex[SG_SHA256_HEX_SIZE];
+    sg_sha256_hex(data, len, hex);
+    cr_assert_str_eq(hex, want);
+}
+
+Test(sha256, fips_180_vectors)
+{
+    check_hex("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    check_hex("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const char *two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    check_hex(two_blocks, strlen(two_blocks), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    char *million = malloc(1000000);
+    memset(million, 'a', 1000000);
+    check_hex(million, 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+    free(million);
+}
+
+Test(sha256, random_data_matches_sha256sum_in_any_chunking, .init = setup, .fini = teardown)
+{
+    for (int round = 0; round < 4; round++) {
+        size_t len = rnd() % 5000 + (round == 0 ? 0 : 55); /* around the padding boundaries too */
+        if (round == 1)
+            len = 55 + rnd() % 10;
+        unsigned char *data = malloc(len + 1);
+        for (size_t i = 0; i < len; i++)
+            data[i] = (unsigned char)rnd();
+        char path[PATH_MAX], cmd[2 * PATH_MAX], out_path[PATH_MAX];
+        FMT(path, "%s/data", tmp_root);
+        FMT(out_path, "%s/sum", tmp_root);
+        write_text(path, data, len);
+        FMT(cmd, "sha256sum %s > %s", path, out_path);
+        cr_assert_eq(system(cmd), 0);
+        size_t n;
+        char *sum = read_file(out_path, &n);
+        cr_assert(n >= 64);
+        sum[64] = '\0';
+        check_hex(data, len, sum);
+
+        sg_sha256 h;
+        uint8_t digest[SG_SHA256_SIZE];
+        char hex[SG_SHA256_HEX_SIZE];
+        sg_sha256_init(&h);
+        for (size_t done = 0; done < len;) {
+            size_t take = rnd() % 130;
+            take = take > len - done ? len - done : take;
+            sg_sha256_update(&h, data + done, take);
+            done += take;
+        }
+        sg_sha256_final(&h, digest);
+        sg_sha256_to_hex(digest, hex);
+        cr_assert_str_eq(hex, sum, "chunked digest of %zu bytes", len);
+        free(sum);
+        free(data);
+    }
+}
+
+/* ---- generating a variant with fixture templates ------------------------ */
+
+static const char fixture_cu[] =
+    "{{HEADER}}\n"
+    "constexpr int HIDDEN = {{HIDDEN}};\n"
+    "__global__ void k_{{NAME}}(float *p) { p[threadIdx.x] = HIDDEN; }\n";
+static const char fixture_h[] = "{{HEADER}}\n#include <stddef.h>\nextern const size_t {{NAME}}_len;\n";
+static const char fixture_c[] =
+    "{{HEADER}}\n"
+    "#include <stdio.h>\n"
+    "{{CUDA_SOURCE}}\n"
+    "const size_t {{NAME}}_len = {{CUDA_SOURCE_LEN}};\n"
+    "const char {{NAME}}_sha[] = \"{{SOURCE_SHA256}}\";\n";
+static const sg_template fixture_table[] = {
+    {"templates/variant.cu.in", fixture_cu, sizeof fixture_cu - 1},
+    {"templates/variant.h.in", fixture_h, sizeof fixture_h - 1},
+    {"templates/variant.c.in", fixture_c, sizeof fixture_c - 1},
+    {NULL, NULL, 0},
+};
+
+TestSuite(generate, .init = setup, .fini = teardown);
+
+Test(generate, header_hashes_and_embedded_source_agree)
+{
+    sg_variant v;
+    random_variant(&v, 1);
+    const char *spec = "specs/some */ odd.lua";
+    sg_generated g;
+    sg_diag diag = {0};
+    cr_assert_eq(sg_generate_variant(fixture_table, &v, spec, &g, &diag), SG_EXIT_OK);
+
+    char want[256];
+    FMT(want, "/* Generated by symmgen %s from specs/some *\\/ odd.lua, variant %s. Do not edit.\n",
+             SYMM_VERSION, v.name);
+    const sg_buf *files[] = {&g.cu, &g.h, &g.c};
+    for (int i = 0; i < 3; i++)
+        cr_assert(strncmp(files[i]->data, want, strlen(want)) == 0, "file %d starts:\n%.200s", i, files[i]->data);
+    char line[64];
+    FMT(line, " *   hidden         %d\n", v.hidden);
+    cr_assert(strstr(g.cu.data, line), "header lacks %s", line);
+    FMT(line, " *   max_tokens     %d\n", v.max_tokens);
+    cr_assert(strstr(g.cu.data, line), "header lacks %s", line);
+    cr_assert(strstr(g.cu.data, " */\n#line 2 \"templates/variant.cu.in\"\nconstexpr int HIDDEN"),
+              "no #line after the header:\n%s", g.cu.data);
+
+    char hex[SG_SHA256_HEX_SIZE];
+    sg_sha256_hex(g.cu.data, g.cu.len, hex);
+    cr_assert_str_eq(g.source_sha256, hex);
+    cr_assert(strstr(g.c.data, hex), "the stub does not carry the source hash");
+    char len_line[64];
+    FMT(len_line, "_len = %zu;", g.cu.len);
+    cr_assert(strstr(g.c.data, len_line), "the stub lacks %s", len_line);
+
+    sg_buf all = {0};
+    sg_buf_append(&all, g.cu.data, g.cu.len);
+    sg_buf_append(&all, g.h.data, g.h.len);
+    sg_buf_append(&all, g.c.data, g.c.len);
+    sg_sha256_hex(all.data, all.len, hex);
+    cr_assert_str_eq(g.content_sha256, hex);
+
+    /* The stub compiles cleanly and holds exactly the .cu. */
+    sg_buf prog = {0};
+    sg_buf_append(&prog, g.c.data, g.c.len);
+    sg_buf_printf(&prog, "int main(void) { fwrite(%s_source, 1, %s_len, stdout); return 0; }\n", v.name, v.name);
+    char src[PATH_MAX], cmd[4 * PATH_MAX], outp[PATH_MAX];
+    FMT(src, "%s/stub.c", tmp_root);
+    FMT(outp, "%s/stub.out", tmp_root);
+    write_text(src, prog.data, prog.len);
+    FMT(cmd, "gcc -std=c11 -Wall -Wextra -Werror %s -o %s/stub && %s/stub > %s", src, tmp_root,
+             tmp_root, outp);
+    cr_assert_eq(system(cmd), 0, "the stub did not compile or run");
+    size_t n;
+    char *back = read_file(outp, &n);
+    cr_assert(n == g.cu.len && memcmp(back, g.cu.data, n) == 0, "the stub's source differs from the .cu");
+    free(back);
+    sg_buf_free(&prog);
+    sg_buf_free(&all);
+    sg_generated_free(&g);
+}
+
+Test(generate, missing_template_is_an_internal_error)
+{
+    sg_variant v;
+    random_variant(&v, 2);
+    const sg_template partial[] = {fixture_table[0], fixture_table[2], {NULL, NULL, 0}};
+    sg_generated g;
+    sg_diag diag = {0};
+    cr_assert_eq(sg_generate_variant(partial, &v, "s.lua", &g, &diag), SG_EXIT_INTERNAL);
+    cr_assert(diag.count >= 1 && strstr(diag.messages[0], "internal error: template templates/variant.h.in"),
+              "%s", diag.count ? diag.messages[0] : "(no message)");
+    sg_diag_free(&diag);
+}
+
+Test(generate, same_variant_gives_identical_bytes)
+{
+    sg_variant v;
+    random_variant(&v, 3);
+    sg_generated a, b;
+    sg_diag diag = {0};
+    cr_assert_eq(sg_generate_variant(sg_embedded_templates, &v, "x.lua", &a, &diag), SG_EXIT_OK,
+                 "%s", diag.count ? diag.messages[0] : "");
+    cr_assert_eq(sg_generate_variant(sg_embedded_templates, &v, "x.lua", &b, &diag), SG_EXIT_OK);
+    cr_assert(a.cu.len == b.cu.len && memcmp(a.cu.data, b.cu.data, a.cu.len) == 0);
+    cr_assert(a.c.len == b.c.len && memcmp(a.c.data, b.c.data, a.c.len) == 0);
+    cr_assert_str_eq(a.content_sha256, b.content_sha256);
+    sg_generated_free(&a);
+    sg_generated_free(&b);
+}
+
+/* ---- the output directory ------------------------------------------------ */
+
+/* n variants generated from the fixture templates; broken: one .cu that
+ * NVRTC rejects. */
+static sg_generated *make_outputs(sg_variant *vs, size_t n, int broken)
+{
+    sg_generated *g = calloc(n, sizeof *g);
+    sg_diag diag = {0};
+    for (size_t i = 0; i < n; i++) {
+        random_variant(&vs[i], (int)i);
+        cr_assert_eq(sg_generate_variant(fixture_table, &vs[i], "spec.lua", &g[i], &diag), SG_EXIT_OK);
+    }
+    if (broken >= 0) {
+        g[broken].cu.len = 0;
+        sg_buf_printf(&g[broken].cu, "__global__ void k() { undeclared_%u = 1; }\n", rnd());
+    }
+    return g;
+}
+
+static void free_outputs(sg_generated *g, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        sg_generated_free(&g[i]);
+    free(g);
+}
+
+/* An existing output directory with a manifest and random files. */
+static void make_old_output(const char *dir)
+{
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char path[PATH_MAX], text[64];
+    FMT(path, "%s/manifest.json", dir);
+    FMT(text, "{\n  \"format\": 1, \"x\": %u\n}\n", rnd());
+    write_text(path, text, strlen(text));
+    for (int i = 0; i < 3; i++) {
+        FMT(path, "%s/old%d.c", dir, i);
+        FMT(text, "/* %u */\n", rnd());
+        write_text(path, text, strlen(text));
+    }
+}
+
+TestSuite(output, .init = setup, .fini = teardown);
+
+Test(output, writes_every_file_with_fixed_modes_and_leaves_nothing_beside)
+{
+    umask(077); /* the modes must not depend on the umask */
+    size_t n = (size_t)rnd_in(1, 4);
+    sg_variant vs[4];
+    sg_generated *g = make_outputs(vs, n, -1);
+    char parent[PATH_MAX], dir[PATH_MAX];
+    FMT(parent, "%s/deep/out", tmp_root);
+    FMT(dir, "%s/spec", parent);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = n};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    cr_assert_eq(count_entries(parent), 1, "something was left beside the output");
+    cr_assert_eq(count_entries(dir), (int)(3 * n + 1));
+    struct stat st;
+    cr_assert_eq(stat(dir, &st), 0);
+    cr_assert_eq(st.st_mode & 07777, 0755, "directory mode %o", st.st_mode & 07777);
+    for (size_t i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        FMT(path, "%s/%s.c", dir, vs[i].name);
+        cr_assert_eq(stat(path, &st), 0, "%s missing", path);
+        cr_assert_eq(st.st_mode & 07777, 0644, "file mode %o", st.st_mode & 07777);
+        size_t len;
+        char *text = read_file(path, &len);
+        cr_assert(len == g[i].c.len && memcmp(text, g[i].c.data, len) == 0, "%s differs", path);
+        free(text);
+    }
+    free_outputs(g, n);
+}
+
+Test(output, replaces_an_old_output_whole)
+{
+    char dir[PATH_MAX], stale[PATH_MAX];
+    FMT(dir, "%s/out", tmp_root);
+    make_old_output(dir);
+    sg_variant vs[2];
+    sg_generated *g = make_outputs(vs, 2, -1);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 2};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    FMT(stale, "%s/old0.c", dir);
+    cr_assert_neq(access(stale, F_OK), 0, "a file of the old output survived");
+    cr_assert_eq(count_entries(dir), 7);
+    cr_assert_eq(count_entries(tmp_root), 1, "the old tree was left beside the new one");
+    free_outputs(g, 2);
+}
+
+Test(output, compile_failure_leaves_the_old_output_byte_identical)
+{
+    char dir[PATH_MAX];
+    FMT(dir, "%s/out", tmp_root);
+    make_old_output(dir);
+    sg_buf before = {0}, after = {0};
+    snapshot(tmp_root, &before);
+    size_t n = 3;
+    sg_variant vs[3];
+    int broken = rnd_in(0, 2);
+    sg_generated *g = make_outputs(vs, n, broken);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = n};
+    sg_compile_opts copts = {.arch = "sm_90a", .verbosity = 0};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, &copts, &diag), SG_EXIT_COMPILE);
+    snapshot(tmp_root, &after);
+    cr_assert_str_eq(after.data, before.data, "the tree changed after a compile failure");
+    char want[SG_NAME_MAX + 8];
+    FMT(want, "%s.cu", vs[broken].name);
+    cr_assert(diag.count == 1 && strstr(diag.messages[0], want) && strstr(diag.messages[0], "undeclared_"),
+              "the NVRTC log does not name the variant and the error: %s", diag.count ? diag.messages[0] : "");
+    sg_diag_free(&diag);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    free_outputs(g, n);
+}
+
+Test(output, compiles_good_variants_then_writes)
+{
+    char dir[PATH_MAX];
+    FMT(dir, "%s/out", tmp_root);
+    sg_variant vs[2];
+    sg_generated *g = make_outputs(vs, 2, -1);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 2};
+    sg_compile_opts copts = {.arch = "sm_90a", .verbosity = 0, .threads = 2};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, &copts, &diag), SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    cr_assert_eq(count_entries(dir), 7);
+    free_outputs(g, 2);
+}
+
+Test(output, refuses_to_replace_what_is_not_ours)
+{
+    sg_variant vs[1];
+    sg_generated *g = make_outputs(vs, 1, -1);
+    char dir[PATH_MAX], file[PATH_MAX], link[PATH_MAX];
+    FMT(dir, "%s/mine", tmp_root);
+    FMT(file, "%s/notes.txt", dir);
+    FMT(link, "%s/link", tmp_root);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char text[32];
+    FMT(text, "%u\n", rnd());
+    write_text(file, text, strlen(text));
+    cr_assert_eq(symlink("mine", link), 0);
+    const char *targets[] = {dir, file, link};
+    const char *why[] = {"(no manifest.json)", "(not a directory)", "(a symbolic link)"};
+    sg_buf before = {0}, after = {0};
+    snapshot(tmp_root, &before);
+    for (int i = 0; i < 3; i++) {
+        sg_output o = {.dir = targets[i], .spec_path = "spec.lua", .variants = g, .count = 1};
+        sg_diag diag = {0};
+        cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_ERROR);
+        cr_assert(diag.count == 1 && strstr(diag.messages[0], "is not a symmgen output directory") &&
+                      strstr(diag.messages[0], why[i]) && strstr(diag.messages[0], targets[i]),
+                  "message: %s", diag.count ? diag.messages[0] : "");
+        sg_diag_free(&diag);
+    }
+    snapshot(tmp_root, &after);
+    cr_assert_str_eq(after.data, before.data);
+
+    /* An empty directory may be replaced. */
+    char empty[PATH_MAX];
+    FMT(empty, "%s/empty", tmp_root);
+    cr_assert_eq(mkdir(empty, 0755), 0);
+    sg_output o = {.dir = empty, .spec_path = "spec.lua", .variants = g, .count = 1};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_OK);
+    cr_assert_eq(count_entries(empty), 4);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    free_outputs(g, 1);
+}
+
+Test(output, one_refused_target_stops_every_output)
+{
+    sg_variant vs[2];
+    sg_generated *g = make_outputs(vs, 2, -1);
+    char a[PATH_MAX], b[PATH_MAX], file[PATH_MAX];
+    FMT(a, "%s/a", tmp_root);
+    FMT(b, "%s/b", tmp_root);
+    FMT(file, "%s/keep", b);
+    make_old_output(a);
+    cr_assert_eq(mkdir(b, 0755), 0);
+    write_text(file, "x", 1);
+    sg_buf before = {0}, after = {0};
+    snapshot(tmp_root, &before);
+    sg_output o[2] = {
+        {.dir = a, .spec_path = "a.lua", .variants = g, .count = 1},
+        {.dir = b, .spec_path = "b.lua", .variants = g + 1, .count = 1},
+    };
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(o, 2, NULL, &diag), SG_EXIT_ERROR);
+    snapshot(tmp_root, &after);
+    cr_assert_str_eq(after.data, before.data, "an output changed although another was refused");
+    sg_diag_free(&diag);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    free_outputs(g, 2);
+}
+
+Test(output, write_error_names_the_file_and_leaves_the_target)
+{
+    char dir[PATH_MAX];
+    FMT(dir, "%s/out", tmp_root);
+    make_old_output(dir);
+    sg_buf before = {0}, after = {0};
+    snapshot(tmp_root, &before);
+    sg_variant vs[2];
+    sg_generated *g = make_outputs(vs, 2, -1);
+    /* A full disk, as far as this process can tell: files may not grow past
+     * a size smaller than one generated file. */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, small = {.rlim_cur = (rlim_t)g[0].cu.len / 2, .rlim_max = RLIM_INFINITY};
+    getrlimit(RLIMIT_FSIZE, &old);
+    small.rlim_max = old.rlim_max;
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 2};
+    sg_diag diag = {0};
+    int rc = sg_output_write(&o, 1, NULL, &diag);
+    setrlimit(RLIMIT_FSIZE, &old);
+    cr_assert_eq(rc, SG_EXIT_ERROR);
+    cr_assert(diag.count == 1 && strstr(diag.messages[0], strerror(EFBIG)) && strstr(diag.messages[0], ".cu"),
+              "message: %s", diag.count ? diag.messages[0] : "");
+    snapshot(tmp_root, &after);
+    cr_assert_str_eq(after.data, before.data);
+    sg_diag_free(&diag);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    free_outputs(g, 2);
+}
+
+/* ---- --arch ---------------------------------------------------------------- */
+
+Test(compile, arch_names_are_validated)
+{
+    const char *good[] = {"sm_90a", "sm_90", "sm_80", "sm_100f", "sm_120a", "sm_7"};
+    const char *bad[] = {"", "sm_", "sm90", "compute_90", "sm_90b", "sm_90aa", "sm_9x", "SM_90", "sm_-1", NULL};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        cr_assert(sg_arch_valid(good[i]), "%s rejected", good[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert(!sg_arch_valid(bad[i]), "%s accepted", bad[i] ? bad[i] : "NULL");
+}

@@ -1,0 +1,1238 @@
+/* test_spec.c: spec loading and validation (generator/spec.c) through
+ * sg_spec_load: every error class with its whole message (file, line of the
+ * layout call, variant, field, value, expectation), the sandbox and its
+ * limits, require, overrides, defaults, and the example specs in specs/.
+ *
+ * Each test writes its specs into a fresh temporary directory; shapes and
+ * line numbers are random, so nothing below is a constant answer. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sg.h"
+
+#define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
+#define ROWS_WHY "(rows of whole 16-byte vectors)"
+#define TOO_LONG "spec ran too long (more than 200000000 instructions)"
+#define OUT_OF_MEMORY "out of memory (a spec may use at most 256 MiB)"
+
+static char dir[512];
+static sg_spec spec;
+static sg_diag diag;
+static uint64_t rng;
+static int pad_lines;
+static unsigned serial;
+
+static void seed(void)
+{
+    rng = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ (uint64_t)clock() ^ 0x9e3779b97f4a7c15ull;
+}
+
+static void setup(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/sg-spec-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+    seed();
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void teardown(void)
+{
+    sg_spec_free(&spec);
+    sg_diag_free(&diag);
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(spec, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---------------------------------------------------------------------- */
+
+/* Uniform in lo..hi (inclusive). */
+static unsigned rnd(unsigned lo, unsigned hi)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return lo + (unsigned)(rng % ((uint64_t)hi - lo + 1));
+}
+
+static const char *path_in(const char *name)
+{
+    static char slots[8][640];
+    static int next;
+    char *p = slots[next++ % 8];
+    snprintf(p, sizeof slots[0], "%s/%s", dir, name);
+    return p;
+}
+
+static const char *write_bytes(const char *name, const void *bytes, size_t len)
+{
+    const char *path = path_in(name);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f != NULL, "fopen %s: %s", path, strerror(errno));
+    cr_assert(fwrite(bytes, 1, len, f) == len, "write %s", path);
+    fclose(f);
+    return path;
+}
+
+static const char *write_file(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *write_file(const char *name, const char *fmt, ...)
+{
+    char *text;
+    va_list ap;
+    va_start(ap, fmt);
+    cr_assert(vasprintf(&text, fmt, ap) >= 0);
+    va_end(ap);
+    const char *path = write_bytes(name, text, strlen(text));
+    free(text);
+    return path;
+}
+
+/* Comment lines put before the code under test, so line numbers vary. */
+static const char *padding(void)
+{
+    static char buf[64 * 16];
+    pad_lines = (int)rnd(0, 40);
+    buf[0] = '\0';
+    for (int i = 0; i < pad_lines; i++)
+        strcat(buf, "-- padding\n");
+    return buf;
+}
+
+static int load_with(const char *path, const sg_override *ov, size_t n)
+{
+    sg_spec_free(&spec);
+    sg_diag_free(&diag);
+    return sg_spec_load(path, ov, n, &spec, &diag);
+}
+
+static int load(const char *path) { return load_with(path, NULL, 0); }
+
+/* Every message, one per line, for assertion output. */
+static const char *messages(void)
+{
+    static char buf[32768];
+    buf[0] = '\0';
+    for (size_t i = 0; i < diag.count; i++) {
+        size_t used = strlen(buf);
+        snprintf(buf + used, sizeof buf - used, "  [%zu] %s\n", i, diag.messages[i]);
+    }
+    return diag.count ? buf : "  (no messages)\n";
+}
+
+static bool has_message(const char *want)
+{
+    for (size_t i = 0; i < diag.count; i++)
+        if (strcmp(diag.messages[i], want) == 0)
+            return true;
+    return false;
+}
+
+#define expect_message(...)                                                              \
+    do {                                                                                 \
+        char *want_ = NULL;                                                              \
+        cr_assert(asprintf(&want_, __VA_ARGS__) >= 0);                                   \
+        cr_expect(has_message(want_), "expected the message\n  %s\nbut got\n%s", want_, \
+                  messages());                                                           \
+        free(want_);                                                                     \
+    } while (0)
+
+#define expect_count(n)                                                                    \
+    cr_expect(diag.count == (size_t)(n), "expected %d message(s), got %zu:\n%s", (int)(n), \
+              diag.count, messages())
+
+/* A valid random shape: the required fields. */
+typedef struct shape {
+    char name[80];
+    int hidden, topk, experts, world, max_tokens;
+} shape;
+
+static shape random_shape(void)
+{
+    shape s;
+    snprintf(s.name, sizeof s.name, "v%u_%u", rnd(0, 99999), serial++);
+    s.world = (int)rnd(2, 16);
+    s.experts = s.world * (int)rnd(1, 16);
+    s.topk = (int)rnd(1, s.experts < 16 ? (unsigned)s.experts : 16);
+    s.hidden = 128 * (int)rnd(1, 56);
+    s.max_tokens = (int)rnd(1, 8192);
+    return s;
+}
+
+/* The shape as Lua fields, leaving out the field named skip. */
+static const char *fields_except(const shape *s, const char *skip)
+{
+    static char slots[8][512];
+    static int next;
+    char *b = slots[next++ % 8];
+    b[0] = '\0';
+    const char *sep = "";
+    char item[128];
+#define FIELD(key, fmt, val)                                                  \
+    if (!skip || strcmp(skip, key) != 0) {                                    \
+        snprintf(item, sizeof item, "%s" key " = " fmt, sep, val);           \
+        strcat(b, item);                                                      \
+        sep = ", ";                                                           \
+    }
+    FIELD("name", "\"%s\"", s->name);
+    FIELD("hidden", "%d", s->hidden);
+    FIELD("topk", "%d", s->topk);
+    FIELD("experts", "%d", s->experts);
+    FIELD("world", "%d", s->world);
+    FIELD("max_tokens", "%d", s->max_tokens);
+#undef FIELD
+    return b;
+}
+
+static const char *fields(const shape *s) { return fields_except(s, NULL); }
+
+static int64_t worst_rank(const shape *s) { return (int64_t)s->world * s->max_tokens; }
+
+static int64_t worst_expert(const shape *s, int align)
+{
+    int64_t local = s->experts / s->world;
+    int64_t per_token = s->topk < local ? s->topk : local;
+    return (int64_t)s->world * s->max_tokens * per_token + local * (align - 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Valid specs */
+
+Test(spec, valid_variant_keeps_every_field)
+{
+    static const char *const dtypes[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
+    shape s = random_shape();
+    int dt = (int)rnd(0, 3), ct = (int)rnd(0, 2), expert = (int)rnd(0, 1), weights = (int)rnd(0, 1);
+    int align = expert ? (int)rnd(2, 256) : 1, sms = (int)rnd(1, 1024);
+    int64_t worst = expert ? worst_expert(&s, align) : worst_rank(&s);
+    int64_t capacity = (int64_t)rnd(1, (unsigned)worst);
+    const char *path = write_file("spec.lua",
+        "%slayout { %s, dtype = \"%s\", combine_dtype = \"%s\", layout = \"%s\",\n"
+        "  weights = %s, align = %d, sms = %d, capacity = %lld }\n",
+        padding(), fields(&s), dtypes[dt], dtypes[ct], expert ? "expert" : "rank",
+        weights ? "true" : "false", align, sms, (long long)capacity);
+
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_assert(diag.count == 0, "a valid spec left messages:\n%s", messages());
+    cr_assert(spec.count == 1, "expected 1 variant, got %zu", spec.count);
+    cr_expect(strcmp(spec.path, path) == 0, "path %s, expected %s", spec.path, path);
+    const sg_variant *v = &spec.variants[0];
+    cr_expect(strcmp(v->name, s.name) == 0, "name %s, expected %s", v->name, s.name);
+    cr_expect(v->line == pad_lines + 1, "line %d, expected %d", v->line, pad_lines + 1);
+    cr_expect(v->hidden == s.hidden && v->topk == s.topk && v->experts == s.experts &&
+              v->world == s.world && v->max_tokens == s.max_tokens,
+              "shape %d/%d/%d/%d/%d, expected %d/%d/%d/%d/%d", v->hidden, v->topk, v->experts,
+              v->world, v->max_tokens, s.hidden, s.topk, s.experts, s.world, s.max_tokens);
+    cr_expect(v->dtype == (symm_dtype)dt, "dtype %s, expected %s", sg_dtype_name(v->dtype), dtypes[dt]);
+    cr_expect(v->combine_dtype == (symm_dtype)ct, "combine_dtype %s, expected %s",
+              sg_dtype_name(v->combine_dtype), dtypes[ct]);
+    cr_expect(v->layout == (expert ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK), "layout %s",
+              sg_layout_name(v->layout));
+    cr_expect(v->weights == (bool)weights, "weights %d, expected %d", v->weights, weights);
+    cr_expect(v->align == align && v->sms == sms, "align %d sms %d, expected %d %d", v->align, v->sms,
+              align, sms);
+    cr_expect(v->capacity == capacity && v->capacity_set, "capacity %lld (set %d), expected %lld",
+              (long long)v->capacity, v->capacity_set, (long long)capacity);
+}
+
+Test(spec, defaults_are_applied)
+{
+    shape a = random_shape(), b = random_shape(), c = random_shape(), d = random_shape(), e = random_shape();
+    const char *path = write_file("spec.lua",
+        "layout { %s }\n"
+        "layout { %s, dtype = \"fp8_e4m3\" }\n"
+        "layout { %s, dtype = \"fp16\" }\n"
+        "layout { %s, dtype = \"fp32\" }\n"
+        "layout { %s, layout = \"expert\" }\n",
+        fields(&a), fields(&b), fields(&c), fields(&d), fields(&e));
+
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_assert(spec.count == 5, "expected 5 variants, got %zu", spec.count);
+    const symm_dtype want_dtype[] = { SYMM_DTYPE_BF16, SYMM_DTYPE_FP8_E4M3, SYMM_DTYPE_FP16, SYMM_DTYPE_FP32,
+                                      SYMM_DTYPE_BF16 };
+    const symm_dtype want_combine[] = { SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_DTYPE_FP16, SYMM_DTYPE_FP32,
+                                        SYMM_DTYPE_BF16 };
+    const shape *shapes[] = { &a, &b, &c, &d, &e };
+    for (int i = 0; i < 5; i++) {
+        const sg_variant *v = &spec.variants[i];
+        int64_t worst = i == 4 ? worst_expert(&e, 1) : worst_rank(shapes[i]);
+        cr_expect(v->dtype == want_dtype[i], "variant %d: dtype %s", i, sg_dtype_name(v->dtype));
+        cr_expect(v->combine_dtype == want_combine[i], "variant %d: combine_dtype %s, expected %s", i,
+                  sg_dtype_name(v->combine_dtype), sg_dtype_name(want_combine[i]));
+        cr_expect(v->weights, "variant %d: weights default to true", i);
+        cr_expect(v->sms == 24, "variant %d: sms %d, expected 24", i, v->sms);
+        cr_expect(v->align == 1, "variant %d: align %d, expected 1", i, v->align);
+        cr_expect(v->layout == (i == 4 ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK), "variant %d: layout %s", i,
+                  sg_layout_name(v->layout));
+        cr_expect(v->capacity == worst && !v->capacity_set, "variant %d: capacity %lld (set %d), expected %lld",
+                  i, (long long)v->capacity, v->capacity_set, (long long)worst);
+        cr_expect(v->line == i + 1, "variant %d: line %d", i, v->line);
+    }
+}
+
+Test(spec, integers_written_as_floats_are_accepted)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua",
+        "layout { name = \"%s\", hidden = %d.0, topk = %d.0, experts = %d, world = %d.0, max_tokens = %d,"
+        " sms = 1.6e1 }\n",
+        s.name, s.hidden, s.topk, s.experts, s.world, s.max_tokens);
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    const sg_variant *v = &spec.variants[0];
+    cr_expect(v->hidden == s.hidden && v->topk == s.topk && v->world == s.world && v->sms == 16,
+              "got hidden %d topk %d world %d sms %d", v->hidden, v->topk, v->world, v->sms);
+}
+
+Test(spec, table_changed_after_layout_is_not_seen)
+{
+    shape s = random_shape();
+    int other = s.hidden + 128 * (int)rnd(1, 8);
+    const char *path = write_file("spec.lua",
+        "local t = { %s }\n"
+        "layout(t)\n"
+        "t.hidden = %d\n"
+        "t.name = t.name .. \"_again\"\n"
+        "layout(t)\n"
+        "t.hidden = \"not a number\"\n",
+        fields(&s), other);
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_assert(spec.count == 2);
+    cr_expect(spec.variants[0].hidden == s.hidden, "first variant hidden %d, expected %d",
+              spec.variants[0].hidden, s.hidden);
+    cr_expect(spec.variants[1].hidden == other, "second variant hidden %d, expected %d",
+              spec.variants[1].hidden, other);
+    cr_expect(spec.variants[0].line == 2 && spec.variants[1].line == 5, "lines %d %d",
+              spec.variants[0].line, spec.variants[1].line);
+}
+
+Test(spec, layout_inside_a_helper_reports_the_call_line)
+{
+    shape s = random_shape();
+    const char *pad = padding();
+    const char *path = write_file("spec.lua",
+        "%slocal function declare(t)\n"
+        "  layout(t)\n"
+        "end\n"
+        "declare { %s }\n",
+        pad, fields_except(&s, "hidden"));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field hidden: missing, expected an integer > 0", path, pad_lines + 2,
+                   s.name);
+    expect_count(1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Field errors */
+
+Test(spec, unknown_field_suggests_the_nearest)
+{
+    static const struct { const char *key, *near; } cases[] = {
+        { "hiden", "hidden" }, { "max_token", "max_tokens" }, { "Topk", "topk" },
+        { "expert", "experts" }, { "combine", "combine_dtype" }, { "wrold", "world" },
+        { "capacity_rows", "capacity" }, { "dtpye", "dtype" },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    shape s[16];
+    char text[8192] = "";
+    const char *pad = padding();
+    strcat(text, pad);
+    for (int i = 0; i < n; i++) {
+        s[i] = random_shape();
+        char line[700];
+        snprintf(line, sizeof line, "layout { %s, %s = %u }\n", fields(&s[i]), cases[i].key, rnd(1, 1000));
+        strcat(text, line);
+    }
+    const char *path = write_file("spec.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    for (int i = 0; i < n; i++)
+        expect_message("%s:%d: variant %s: field %s: unknown field, did you mean \"%s\"?", path,
+                       pad_lines + 1 + i, s[i].name, cases[i].key, cases[i].near);
+    expect_count(n);
+}
+
+Test(spec, unknown_field_far_from_all_lists_them)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua", "%slayout { %s, frobnicate = true, [\"two words\"] = 1 }\n",
+                                  padding(), fields(&s));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field frobnicate: unknown field, expected one of name, hidden, topk, "
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms",
+                   path, pad_lines + 1, s.name);
+    expect_message("%s:%d: variant %s: field \"two words\": unknown field, expected one of name, hidden, topk, "
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms",
+                   path, pad_lines + 1, s.name);
+    expect_count(2);
+}
+
+Test(spec, value_without_field_name_is_an_error)
+{
+    shape s = random_shape();
+    unsigned x = rnd(1, 1000);
+    const char *path = write_file("spec.lua", "%slayout { %s, %u }\n", padding(), fields(&s), x);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: got %u without a field name, expected field = value", path,
+                   pad_lines + 1, s.name, x);
+    expect_count(1);
+}
+
+Test(spec, wrong_type_names_value_and_expectation)
+{
+    static const struct { const char *field, *lua, *shown, *expected; } cases[] = {
+        { "hidden", "\"7168\"", "\"7168\"", "an integer > 0" },
+        { "hidden", "7168.5", "7168.5", "an integer > 0" },
+        { "topk", "true", "true", "an integer 1..16" },
+        { "world", "{ 2 }", "a table", "an integer 2..128" },
+        { "max_tokens", "function() end", "a function", "an integer > 0" },
+        { "experts", "1/0", "inf", "an integer 1..8192" },
+        { "weights", "1", "1", "true or false" },
+        { "dtype", "16", "16", "\"bf16\", \"fp16\", \"fp32\" or \"fp8_e4m3\"" },
+        { "layout", "\"ranks\"", "\"ranks\"", "\"rank\" or \"expert\"" },
+        { "combine_dtype", "\"BF16\"", "\"BF16\"", "\"bf16\", \"fp16\" or \"fp32\"" },
+        { "sms", "\"a\\nb\\1\"", "\"a\\nb\\x01\"", "an integer 1..1024" },
+        { "align", "2.5", "2.5", "an integer 1..4096" },
+        { "capacity", "\"all\"", "\"all\"", "an integer > 0" },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    shape s[16];
+    char text[16384] = "";
+    strcat(text, padding());
+    for (int i = 0; i < n; i++) {
+        s[i] = random_shape();
+        char line[800];
+        snprintf(line, sizeof line, "layout { %s, %s = %s }\n", fields_except(&s[i], cases[i].field),
+                 cases[i].field, cases[i].lua);
+        strcat(text, line);
+    }
+    const char *path = write_file("spec.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    for (int i = 0; i < n; i++)
+        expect_message("%s:%d: variant %s: field %s: got %s, expected %s", path, pad_lines + 1 + i, s[i].name,
+                       cases[i].field, cases[i].shown, cases[i].expected);
+    expect_count(n);
+}
+
+Test(spec, out_of_range_numbers_report_the_range)
+{
+    static const struct { const char *field; long long min, max; const char *extra; } cases[] = {
+        { "hidden", 1, 1048576, "" },   { "topk", 1, 16, "" },         { "experts", 1, 8192, "" },
+        { "world", 2, 128, "" },        { "max_tokens", 1, 1048576, "" },
+        { "align", 1, 4096, ", layout = \"expert\"" }, { "sms", 1, 1024, "" },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    shape s[16];
+    long long bad[16];
+    char text[16384] = "";
+    strcat(text, padding());
+    for (int i = 0; i < n; i++) {
+        s[i] = random_shape();
+        bad[i] = rnd(0, 1) ? cases[i].min - (long long)rnd(1, 1000) : cases[i].max + (long long)rnd(1, 100000);
+        char line[800];
+        snprintf(line, sizeof line, "layout { %s, %s = %lld%s }\n", fields_except(&s[i], cases[i].field),
+                 cases[i].field, bad[i], cases[i].extra);
+        strcat(text, line);
+    }
+    const char *path = write_file("spec.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    for (int i = 0; i < n; i++)
+        expect_message("%s:%d: variant %s: field %s: got %lld, expected %lld..%lld", path, pad_lines + 1 + i,
+                       s[i].name, cases[i].field, bad[i], cases[i].min, cases[i].max);
+    expect_count(n);
+}
+
+Test(spec, capacity_below_one_is_refused)
+{
+    shape s = random_shape();
+    long long bad = -(long long)rnd(0, 1000);
+    const char *path = write_file("spec.lua", "%slayout { %s, capacity = %lld }\n", padding(), fields(&s), bad);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field capacity: got %lld, expected an integer > 0", path, pad_lines + 1,
+                   s.name, bad);
+    expect_count(1);
+}
+
+Test(spec, missing_required_fields_are_named)
+{
+    static const struct { const char *field, *expected; } cases[] = {
+        { "hidden", "an integer > 0" },    { "topk", "an integer 1..16" },
+        { "experts", "an integer 1..8192" }, { "world", "an integer 2..128" },
+        { "max_tokens", "an integer > 0" }, { "name", NAME_WHAT },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    shape s[8];
+    char text[8192] = "";
+    strcat(text, padding());
+    for (int i = 0; i < n; i++) {
+        s[i] = random_shape();
+        char line[700];
+        snprintf(line, sizeof line, "layout { %s }\n", fields_except(&s[i], cases[i].field));
+        strcat(text, line);
+    }
+    const char *path = write_file("spec.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    for (int i = 0; i < n; i++) {
+        char label[96];
+        if (strcmp(cases[i].field, "name") == 0)
+            snprintf(label, sizeof label, "#%d", i + 1);
+        else
+            snprintf(label, sizeof label, "%.79s", s[i].name);
+        expect_message("%s:%d: variant %s: field %s: missing, expected %s", path, pad_lines + 1 + i, label,
+                       cases[i].field, cases[i].expected);
+    }
+    expect_count(n);
+}
+
+Test(spec, hidden_must_fill_16_byte_rows_for_each_dtype)
+{
+    static const struct { const char *dtype, *combine; int need; const char *named; } cases[] = {
+        { "bf16", NULL, 8, "bf16" },
+        { "fp16", NULL, 8, "fp16" },
+        { "fp32", NULL, 4, "fp32" },
+        { "fp32", "bf16", 8, "combine_dtype bf16" },
+        { "fp32", "fp16", 8, "combine_dtype fp16" },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    shape s[8];
+    int hidden[8];
+    char text[8192] = "";
+    strcat(text, padding());
+    for (int i = 0; i < n; i++) {
+        s[i] = random_shape();
+        /* Not a multiple of need, but a multiple of everything weaker. */
+        int weaker = cases[i].need / 2;
+        hidden[i] = cases[i].need * (int)rnd(1, 500) + weaker * (cases[i].combine ? 1 : 0) +
+                    (cases[i].combine ? 0 : (int)rnd(1, (unsigned)cases[i].need - 1));
+        char line[800];
+        snprintf(line, sizeof line, "layout { %s, hidden = %d, dtype = \"%s\"%s%s%s }\n",
+                 fields_except(&s[i], "hidden"), hidden[i], cases[i].dtype,
+                 cases[i].combine ? ", combine_dtype = \"" : "", cases[i].combine ? cases[i].combine : "",
+                 cases[i].combine ? "\"" : "");
+        strcat(text, line);
+    }
+    const char *path = write_file("spec.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    for (int i = 0; i < n; i++)
+        expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of %d for %s " ROWS_WHY,
+                       path, pad_lines + 1 + i, s[i].name, hidden[i], cases[i].need, cases[i].named);
+    expect_count(n);
+}
+
+Test(spec, fp8_hidden_must_be_a_multiple_of_128)
+{
+    shape s = random_shape();
+    int hidden = 128 * (int)rnd(0, 100) + 16 * (int)rnd(1, 7);
+    const char *path = write_file("spec.lua", "%slayout { %s, hidden = %d, dtype = \"fp8_e4m3\" }\n", padding(),
+                                  fields_except(&s, "hidden"), hidden);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 128 for fp8_e4m3 "
+                   "(one scale per 128 elements)", path, pad_lines + 1, s.name, hidden);
+    expect_count(1);
+}
+
+Test(spec, experts_must_be_a_multiple_of_world)
+{
+    shape s = random_shape();
+    s.world = (int)rnd(3, 32);
+    s.experts = s.world * (int)rnd(1, 20) + (int)rnd(1, (unsigned)s.world - 1);
+    s.topk = 1;
+    const char *path = write_file("spec.lua", "%slayout { %s }\n", padding(), fields(&s));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field experts: got %d, expected a multiple of world (%d)", path,
+                   pad_lines + 1, s.name, s.experts, s.world);
+    expect_count(1);
+}
+
+Test(spec, topk_at_most_experts)
+{
+    shape s = random_shape();
+    s.world = (int)rnd(2, 4);
+    s.experts = s.world * (int)rnd(1, 3);
+    s.topk = s.experts + (int)rnd(1, 16 - (unsigned)s.experts);
+    const char *path = write_file("spec.lua", "%slayout { %s }\n", padding(), fields(&s));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field topk: got %d, expected 1..%d (at most experts)", path,
+                   pad_lines + 1, s.name, s.topk, s.experts);
+    expect_count(1);
+}
+
+Test(spec, duplicate_name_names_both_lines)
+{
+    shape a = random_shape(), b = random_shape(), c = random_shape();
+    strcpy(c.name, a.name);
+    int gap = (int)rnd(1, 20);
+    char blank[64] = "";
+    for (int i = 0; i < gap; i++)
+        strcat(blank, "\n");
+    const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s }%slayout { %s }\n", padding(),
+                                  fields(&a), fields(&b), blank, fields(&c));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name not used before (line %d has it)",
+                   path, pad_lines + 2 + gap, a.name, a.name, pad_lines + 1);
+    expect_count(1);
+}
+
+Test(spec, names_must_be_c_identifiers)
+{
+    char longest[80];
+    memset(longest, 'n', 64);
+    longest[64] = '\0';
+    const struct { const char *lua, *shown, *expected; } cases[] = {
+        { "\"1abc\"", "\"1abc\"", NAME_WHAT },
+        { "\"a-b\"", "\"a-b\"", NAME_WHAT },
+        { "\"\"", "\"\"", NAME_WHAT },
+        { "\"two words\"", "\"two words\"", NAME_WHAT },
+        { "\"caf\\u{e9}\"", "\"caf\\xc3\\xa9\"", NAME_WHAT },
+        { "42", "42", NAME_WHAT },
+        { "\"int\"", "\"int\"", "a name that is not a C or C++ keyword" },
+        { "\"while\"", "\"while\"", "a name that is not a C or C++ keyword" },
+        { "\"class\"", "\"class\"", "a name that is not a C or C++ keyword" },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    shape s[16];
+    char text[16384] = "";
+    strcat(text, padding());
+    for (int i = 0; i < n; i++) {
+        s[i] = random_shape();
+        char line[800];
+        snprintf(line, sizeof line, "layout { %s, name = %s }\n", fields_except(&s[i], "name"), cases[i].lua);
+        strcat(text, line);
+    }
+    /* One character too long: 64 of them. */
+    shape last = random_shape();
+    char line[800];
+    snprintf(line, sizeof line, "layout { %s, name = \"%s\" }\n", fields_except(&last, "name"), longest);
+    strcat(text, line);
+    const char *path = write_file("spec.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    for (int i = 0; i < n; i++)
+        expect_message("%s:%d: variant #%d: field name: got %s, expected %s", path, pad_lines + 1 + i, i + 1,
+                       cases[i].shown, cases[i].expected);
+    expect_message("%s:%d: variant #%d: field name: got \"%.48s\"... (64 bytes), expected a name of at most "
+                   "63 characters", path, pad_lines + 1 + n, n + 1, longest);
+    expect_count(n + 1);
+}
+
+Test(spec, sixty_three_character_name_is_accepted)
+{
+    shape s = random_shape();
+    memset(s.name, 'a' + (char)rnd(0, 25), 63);
+    s.name[63] = '\0';
+    const char *path = write_file("spec.lua", "layout { %s }\n", fields(&s));
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_expect(strcmp(spec.variants[0].name, s.name) == 0);
+}
+
+Test(spec, fp8_is_not_a_combine_dtype)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua",
+        "%slayout { %s, dtype = \"fp8_e4m3\", combine_dtype = \"fp8_e4m3\" }\n", padding(), fields(&s));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field combine_dtype: got \"fp8_e4m3\", expected \"bf16\", \"fp16\" or "
+                   "\"fp32\" (fp8 is a dispatch dtype only: combine accumulates in fp32 and returns 16 or 32 "
+                   "bits)", path, pad_lines + 1, s.name);
+    expect_count(1);
+}
+
+Test(spec, align_applies_only_to_layout_expert)
+{
+    shape a = random_shape(), b = random_shape();
+    int align_a = (int)rnd(2, 4096), align_b = (int)rnd(2, 4096);
+    const char *path = write_file("spec.lua",
+        "%slayout { %s, align = %d }\nlayout { %s, layout = \"rank\", align = %d }\n", padding(), fields(&a),
+        align_a, fields(&b), align_b);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field align: got %d, expected 1 (align applies only to layout \"expert\")",
+                   path, pad_lines + 1, a.name, align_a);
+    expect_message("%s:%d: variant %s: field align: got %d, expected 1 (align applies only to layout \"expert\")",
+                   path, pad_lines + 2, b.name, align_b);
+    expect_count(2);
+}
+
+Test(spec, capacity_above_the_worst_case_is_refused)
+{
+    shape a = random_shape(), b = random_shape();
+    int align = (int)rnd(1, 512);
+    long long cap_a = worst_rank(&a) + rnd(1, 1000), cap_b = worst_expert(&b, align) + rnd(1, 1000);
+    const char *path = write_file("spec.lua",
+        "%slayout { %s, capacity = %lld }\nlayout { %s, layout = \"expert\", align = %d, capacity = %lld }\n",
+        padding(), fields(&a), cap_a, fields(&b), align, cap_b);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field capacity: got %lld, expected 1..%lld (the worst case, world * "
+                   "max_tokens)", path, pad_lines + 1, a.name, cap_a, (long long)worst_rank(&a));
+    expect_message("%s:%d: variant %s: field capacity: got %lld, expected 1..%lld (the worst case, world * "
+                   "max_tokens * min(topk, experts/world) + (experts/world) * (align - 1))",
+                   path, pad_lines + 2, b.name, cap_b, (long long)worst_expert(&b, align));
+    expect_count(2);
+}
+
+Test(spec, worst_case_too_large_names_max_tokens)
+{
+    /* Rows must fit in int32: 128 ranks, 16 copies per token. */
+    int align = (int)rnd(1, 4096);
+    long long local = 8192 / 128;
+    long long fit_rows = (2147483647LL - local * (align - 1)) / (128 * 16);
+    /* Still within max_tokens' own range (1..1048576). */
+    long long tokens = fit_rows + rnd(1, (unsigned)(1048576 - fit_rows));
+    long long rows = 128 * 16 * tokens + local * (align - 1);
+    /* Bytes must fit in 1 TiB: 2 ranks of 4 MiB rows fit 2^17 tokens. */
+    long long tokens_b = (1LL << 17) + rnd(1, 1000);
+    const char *path = write_file("spec.lua",
+        "%slayout { name = \"big_rows\", hidden = 128, topk = 16, experts = 8192, world = 128,"
+        " max_tokens = %lld, layout = \"expert\", align = %d }\n"
+        "layout { name = \"big_bytes\", hidden = 1048576, dtype = \"fp32\", topk = 1, experts = 2, world = 2,"
+        " max_tokens = %lld }\n",
+        padding(), tokens, align, tokens_b);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant big_rows: field max_tokens: got %lld, expected at most %lld (the worst-case "
+                   "capacity, %lld rows, must fit in int32)", path, pad_lines + 1, tokens, fit_rows, rows);
+    expect_message("%s:%d: variant big_bytes: field max_tokens: got %lld, expected at most %lld (the worst-case "
+                   "buffers, %lld rows of %lld bytes, must fit in 1 TiB)", path, pad_lines + 2, tokens_b,
+                   1LL << 17, 2 * tokens_b, 4LL << 20);
+    expect_count(2);
+}
+
+Test(spec, every_error_is_reported_in_order)
+{
+    shape ok1 = random_shape(), bad1 = random_shape(), ok2 = random_shape(), bad2 = random_shape();
+    int topk = (int)rnd(17, 100);
+    const char *path = write_file("spec.lua",
+        "%slayout { %s }\n"
+        "layout { %s, dtype = \"bf32\" }\n"
+        "layout { %s }\n"
+        "layout { %s, topk = %d, weights = \"yes\" }\n"
+        "layout { hidden = 0 }\n",
+        padding(), fields(&ok1), fields(&bad1), fields(&ok2), fields_except(&bad2, "topk"), topk);
+    cr_assert(load(path) == -1);
+    const char *want[] = { "dtype", "topk", "weights", "name", "hidden", "topk", "experts", "world", "max_tokens" };
+    const int n = sizeof want / sizeof want[0];
+    expect_count(n);
+    for (int i = 0; i < n && i < (int)diag.count; i++) {
+        char field[64];
+        snprintf(field, sizeof field, ": field %s: ", want[i]);
+        cr_expect(strstr(diag.messages[i], field) != NULL, "message %d should be about %s:\n%s", i, want[i],
+                  messages());
+    }
+    expect_message("%s:%d: variant %s: field dtype: got \"bf32\", expected \"bf16\", \"fp16\", \"fp32\" or "
+                   "\"fp8_e4m3\"", path, pad_lines + 2, bad1.name);
+    expect_message("%s:%d: variant %s: field topk: got %d, expected 1..16", path, pad_lines + 4, bad2.name, topk);
+    expect_message("%s:%d: variant %s: field weights: got \"yes\", expected true or false", path, pad_lines + 4,
+                   bad2.name);
+    expect_message("%s:%d: variant #5: field hidden: got 0, expected 1..1048576", path, pad_lines + 5);
+
+    /* A failed load leaves the output as it was. */
+    sg_variant sentinel_variant;
+    char sentinel_path[] = "untouched";
+    size_t sentinel_count = rnd(1, 1000);
+    sg_spec out = { .path = sentinel_path, .variants = &sentinel_variant, .count = sentinel_count };
+    sg_diag d = { 0 };
+    cr_assert(sg_spec_load(path, NULL, 0, &out, &d) == -1);
+    cr_expect(out.path == sentinel_path && out.variants == &sentinel_variant && out.count == sentinel_count,
+              "a failed load must leave *out untouched");
+    cr_expect(d.count == (size_t)n, "the same %d messages again, got %zu", n, d.count);
+    sg_diag_free(&d);
+}
+
+Test(spec, fields_can_be_inherited_through_index)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua",
+        "local base = { %s }\n"
+        "layout(setmetatable({ name = base.name .. \"_child\", dtype = \"fp16\" }, { __index = base }))\n",
+        fields(&s));
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    const sg_variant *v = &spec.variants[0];
+    cr_expect(v->hidden == s.hidden && v->world == s.world && v->dtype == SYMM_DTYPE_FP16 &&
+              strncmp(v->name, s.name, strlen(s.name)) == 0 && strstr(v->name, "_child") != NULL,
+              "inherited hidden %d world %d name %s", v->hidden, v->world, v->name);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Lua-level errors */
+
+Test(spec, syntax_error_has_file_and_line)
+{
+    const char *path = write_file("spec.lua", "%slocal x = 1\nlocal y = = 2\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: unexpected symbol near '='", path, pad_lines + 2);
+    expect_count(1);
+}
+
+Test(spec, long_paths_are_not_cut_in_messages)
+{
+    char sub[640];
+    snprintf(sub, sizeof sub, "%s/a_directory_name_long_enough_to_pass_sixty_characters_of_lua", dir);
+    cr_assert(mkdir(sub, 0700) == 0, "mkdir %s: %s", sub, strerror(errno));
+    const char *path = write_file("a_directory_name_long_enough_to_pass_sixty_characters_of_lua/spec.lua",
+                                  "%serror(\"boom\")\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: boom", path, pad_lines + 1);
+}
+
+Test(spec, runtime_error_has_file_and_line_and_no_traceback)
+{
+    const char *pad = padding();
+    const char *path = write_file("spec.lua",
+        "%slocal function check(n)\n"
+        "  if n > 2 then error(\"boom \" .. n) end\n"
+        "  check(n + 1)\n"
+        "end\n"
+        "check(1)\n", pad);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: boom 3", path, pad_lines + 2);
+    expect_count(1);
+    cr_expect(diag.count == 0 || strstr(diag.messages[0], "traceback") == NULL, "%s", messages());
+}
+
+Test(spec, error_without_position_gets_one)
+{
+    const char *path = write_file("spec.lua", "%sassert(false, \"level zero\")\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: level zero", path, pad_lines + 1);
+    const char *path2 = write_file("other.lua", "\n\nerror(\"no position\", 0)\n");
+    cr_assert(load(path2) == -1);
+    expect_message("%s:3: no position", path2);
+    const char *path3 = write_file("third.lua", "%serror({ code = 1 })\n", padding());
+    cr_assert(load(path3) == -1);
+    expect_message("%s:%d: error raised with a table, expected a message string", path3, pad_lines + 1);
+}
+
+Test(spec, layout_needs_a_table)
+{
+    const char *path = write_file("spec.lua", "%slayout(%u)\n", padding(), rnd(1, 100000));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: layout: expected a table of fields, got number", path, pad_lines + 1);
+    expect_count(1);
+    const char *path2 = write_file("two.lua", "layout \"bf16\"\n");
+    cr_assert(load(path2) == -1);
+    expect_message("%s:1: layout: expected a table of fields, got string", path2);
+}
+
+Test(spec, spec_without_variants_says_so)
+{
+    const char *empty = write_file("empty.lua", "%s", "");
+    cr_assert(load(empty) == -1);
+    expect_message("%s: declares no variants (call layout { ... })", empty);
+    expect_count(1);
+    const char *quiet = write_file("quiet.lua", "%slocal x = %u\n", padding(), rnd(1, 1000));
+    cr_assert(load(quiet) == -1);
+    expect_message("%s: declares no variants (call layout { ... })", quiet);
+}
+
+Test(spec, unreadable_file_says_why)
+{
+    const char *missing = path_in("missing.lua");
+    cr_assert(load(missing) == -1);
+    expect_message("%s: cannot read: No such file or directory", missing);
+    expect_count(1);
+    cr_assert(load(dir) == -1);
+    expect_message("%s: cannot read: Is a directory", dir);
+}
+
+Test(spec, huge_file_is_refused)
+{
+    size_t len = (16u << 20) + rnd(1, 4096);
+    char *text = malloc(len);
+    cr_assert(text != NULL);
+    memset(text, '-', len);
+    for (size_t i = 80; i < len; i += 80)
+        text[i] = '\n';
+    const char *path = write_bytes("huge.lua", text, len);
+    free(text);
+    cr_assert(load(path) == -1);
+    expect_message("%s: too large for a spec (more than 16 MiB)", path);
+    expect_count(1);
+}
+
+Test(spec, binary_garbage_is_a_clean_error)
+{
+    unsigned char bytes[4096];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (unsigned char)rnd(0, 255);
+    const char *path = write_bytes("garbage.lua", bytes, sizeof bytes);
+    cr_assert(load(path) == -1);
+    cr_assert(diag.count == 1, "%s", messages());
+    size_t plen = strlen(path);
+    cr_expect(strncmp(diag.messages[0], path, plen) == 0 && diag.messages[0][plen] == ':',
+              "message should start with the path: %s", diag.messages[0]);
+    for (const char *p = diag.messages[0]; *p; p++)
+        cr_expect((unsigned char)*p >= 0x20 && *p != 0x7f, "control byte 0x%02x in: %s", (unsigned char)*p,
+                  diag.messages[0]);
+
+    const char chunk[] = "\x1bLua\x54\x00\x19\x93\r\n\x1a\n";
+    const char *compiled = write_bytes("compiled.lua", chunk, sizeof chunk - 1);
+    cr_assert(load(compiled) == -1);
+    expect_message("%s: attempt to load a binary chunk (mode is 't')", compiled);
+}
+
+Test(spec, deep_recursion_is_a_clean_error)
+{
+    const char *path = write_file("spec.lua", "%slocal function f(n) return 1 + f(n + 1) end\nf(1)\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: stack overflow", path, pad_lines + 1);
+    expect_count(1);
+
+    size_t depth = 100000 + rnd(0, 1000);
+    char *text = malloc(depth + 32);
+    cr_assert(text != NULL);
+    strcpy(text, "return ");
+    memset(text + 7, '(', depth);
+    text[7 + depth] = '\0';
+    const char *nested = write_bytes("nested.lua", text, strlen(text));
+    free(text);
+    cr_assert(load(nested) == -1);
+    cr_assert(diag.count == 1, "%s", messages());
+    cr_expect(strncmp(diag.messages[0], nested, strlen(nested)) == 0, "%s", messages());
+}
+
+/* ---------------------------------------------------------------------- */
+/* Sandbox and limits */
+
+Test(spec, sandbox_refuses_the_outside_world)
+{
+    static const char *const snippets[] = {
+        "os.execute(\"touch %s\")",
+        "io.open(\"%s\", \"w\"):write(\"x\")",
+        "load(\"local f = io.open('%s', 'w')\")()",
+        "loadfile(\"%s\")",
+        "dofile(\"%s\")",
+        "package.loadlib(\"%s\", \"luaopen_x\")",
+        "debug.sethook(print, \"%s\")",
+        "string.dump(function() return \"%s\" end)",
+        "(\"%s\").dump(function() end)",
+        "collectgarbage(\"%s\")",
+        "print(\"%s\")",
+        "require(\"os\").execute(\"touch %s\")",
+    };
+    for (size_t i = 0; i < sizeof snippets / sizeof snippets[0]; i++) {
+        char marker[700], code[2048], name[32];
+        snprintf(marker, sizeof marker, "%s/marker_%zu_%u", dir, i, rnd(0, 1u << 30));
+        snprintf(code, sizeof code, snippets[i], marker);
+        snprintf(name, sizeof name, "s%zu.lua", i);
+        shape s = random_shape();
+        const char *path = write_file(name, "%s%s\nlayout { %s }\n", padding(), code, fields(&s));
+        cr_expect(load(path) == -1, "spec %zu (%s) should fail", i, code);
+        char prefix[800];
+        snprintf(prefix, sizeof prefix, "%s:%d: ", path, pad_lines + 1);
+        cr_expect(diag.count == 1 && strncmp(diag.messages[0], prefix, strlen(prefix)) == 0,
+                  "spec %zu (%s): expected one message starting %s, got\n%s", i, code, prefix, messages());
+        cr_expect(access(marker, F_OK) != 0, "spec %zu (%s) created %s", i, code, marker);
+    }
+}
+
+Test(spec, sandbox_keeps_pure_lua)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua",
+        "assert(os == nil and io == nil and debug == nil and package == nil and load == nil)\n"
+        "assert(loadfile == nil and dofile == nil and collectgarbage == nil and print == nil)\n"
+        "assert(string.dump == nil and getmetatable('').__index.dump == nil)\n"
+        "local parts = {}\n"
+        "for i, w in ipairs({ 'a', 'b' }) do parts[#parts + 1] = string.format('%%s%%d', w, i) end\n"
+        "assert(table.concat(parts, ',') == 'a1,b2' and math.floor(2.5) == 2 and utf8.char(65) == 'A')\n"
+        "assert(select('#', 1, 2) == 2 and tonumber('12') == 12 and tostring(3) == '3' and type({}) == 'table')\n"
+        "assert(pcall(error, 'x') == false and rawequal(_G, _ENV) and rawlen({ 1 }) == 1)\n"
+        "local t = setmetatable({}, { __index = function() return 5 end })\n"
+        "assert(t.x == 5 and next({}) == nil and xpcall(function() return 1 end, function() end))\n"
+        "assert(('abc'):upper() == 'ABC' and ('a_b'):gsub('_', '') == 'ab')\n"
+        "local r1 = math.random(1, 1000000)\n"
+        "layout { %s, sms = r1 %% 1024 + 1 }\n",
+        fields(&s));
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    int first = spec.variants[0].sms;
+    cr_assert(load(path) == 0);
+    cr_expect(spec.variants[0].sms == first, "math.random must be seeded the same on every run: %d then %d",
+              first, spec.variants[0].sms);
+}
+
+Test(spec, require_rejects_paths_and_missing_modules)
+{
+    static const struct { const char *arg, *msg; } cases[] = {
+        { "\"../x\"", "require \"../x\": expected a module name of letters, digits and _" },
+        { "\"a.b\"", "require \"a.b\": expected a module name of letters, digits and _" },
+        { "\"/etc/passwd\"", "require \"/etc/passwd\": expected a module name of letters, digits and _" },
+        { "\"missing\"", "require \"missing\": no file missing.lua next to the spec" },
+        { "42", "require: expected a module name of letters, digits and _, got number" },
+        { "\"spec\"", "require \"spec\": circular require (spec.lua is still loading)" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = write_file("spec.lua", "%srequire(%s)\n", padding(), cases[i].arg);
+        cr_expect(load(path) == -1, "require(%s) should fail", cases[i].arg);
+        expect_message("%s:%d: %s", path, pad_lines + 1, cases[i].msg);
+        expect_count(1);
+    }
+}
+
+Test(spec, require_loads_a_sibling_module_once)
+{
+    shape s = random_shape();
+    int mod_pad = (int)rnd(0, 20);
+    char mpad[256] = "";
+    for (int i = 0; i < mod_pad; i++)
+        strcat(mpad, "--\n");
+    write_file("shapes.lua",
+        "%sloads = (loads or 0) + 1\n"
+        "local M = {}\n"
+        "function M.declare(name, hidden)\n"
+        "  layout { name = name, hidden = hidden, topk = %d, experts = %d, world = %d, max_tokens = %d }\n"
+        "end\n"
+        "function M.fail() error(\"module refuses\") end\n"
+        "return M\n",
+        mpad, s.topk, s.experts, s.world, s.max_tokens);
+    const char *module = path_in("shapes.lua");
+    const char *path = write_file("spec.lua",
+        "%slocal shapes = require \"shapes\"\n"
+        "assert(require(\"shapes\") == shapes and loads == 1)\n"
+        "shapes.declare(\"%s\", %d)\n"
+        "shapes.declare(\"%s_bad\", \"x\")\n",
+        padding(), s.name, s.hidden, s.name);
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s_bad: field hidden: got \"x\", expected an integer > 0", module, mod_pad + 4,
+                   s.name);
+    expect_count(1);
+
+    path = write_file("spec.lua", "%slocal shapes = require \"shapes\"\nshapes.declare(\"%s\", %d)\n", padding(),
+                      s.name, s.hidden);
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_expect(spec.count == 1 && spec.variants[0].hidden == s.hidden && spec.variants[0].line == mod_pad + 4,
+              "variant from the module: count %zu line %d", spec.count, spec.count ? spec.variants[0].line : 0);
+
+    path = write_file("spec.lua", "%slocal shapes = require \"shapes\"\nshapes.fail()\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: module refuses", module, mod_pad + 6);
+    expect_count(1);
+
+    write_file("broken.lua", "%slocal = 1\n", mpad);
+    path = write_file("spec.lua", "require \"broken\"\n");
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: <name> expected near '='", path_in("broken.lua"), mod_pad + 1);
+}
+
+Test(spec, endless_loop_stops_with_too_long)
+{
+    const char *path = write_file("spec.lua", "%slocal n = 0\nwhile true do n = n + 1 end\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s: " TOO_LONG, path);
+    expect_count(1);
+}
+
+Test(spec, endless_loop_inside_pcall_still_stops)
+{
+    const char *path = write_file("spec.lua",
+        "%swhile true do\n"
+        "  pcall(function() while true do end end)\n"
+        "  xpcall(function() while true do end end, function() while true do end end)\n"
+        "end\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s: " TOO_LONG, path);
+    expect_count(1);
+}
+
+Test(spec, memory_bomb_stops_cleanly)
+{
+    const char *path = write_file("spec.lua", "%slocal s = \"x\"\nwhile true do s = s .. s end\n", padding());
+    cr_assert(load(path) == -1);
+    expect_message("%s: " OUT_OF_MEMORY, path);
+    expect_count(1);
+
+    /* Caught once by pcall, the memory comes back; the second bomb is not caught. */
+    const char *path2 = write_file("caught.lua",
+        "local ok = pcall(function() local s = \"x\" while true do s = s .. s end end)\n"
+        "assert(not ok)\n"
+        "local t = {}\n"
+        "for i = 1, 1e9 do t[i] = i end\n");
+    cr_assert(load(path2) == -1);
+    expect_message("%s: " OUT_OF_MEMORY, path2);
+    expect_count(1);
+}
+
+Test(spec, costly_pattern_is_refused_and_cheap_one_works)
+{
+    const char *path = write_file("spec.lua",
+        "%slocal s = string.rep(\"a\", %u)\nlocal found = s:find(\".-.-.-.-b\")\n", padding(), rnd(2000, 5000));
+    cr_assert(load(path) == -1);
+    cr_assert(diag.count == 1, "%s", messages());
+    char prefix[700];
+    snprintf(prefix, sizeof prefix, "%s:%d: string.find: pattern too costly for a spec", path, pad_lines + 2);
+    cr_expect(strncmp(diag.messages[0], prefix, strlen(prefix)) == 0, "expected %s...\n%s", prefix, messages());
+
+    shape s = random_shape();
+    path = write_file("ok.lua",
+        "local name = \"%s\"\n"
+        "local head, tail = name:match(\"^(%%a+)(%%d+)\")\n"
+        "assert(head == \"v\" and name:gsub(\"_\", \"\") ~= name)\n"
+        "layout { %s }\n", s.name, fields(&s));
+    cr_assert(load(path) == 0, "a cheap pattern must work:\n%s", messages());
+}
+
+/* ---------------------------------------------------------------------- */
+/* Overrides */
+
+Test(spec, overrides_replace_every_variants_value)
+{
+    shape a = random_shape(), b = random_shape();
+    int hidden = 128 * (int)rnd(1, 64);
+    char hidden_text[16];
+    snprintf(hidden_text, sizeof hidden_text, "%d", hidden);
+    const char *path = write_file("spec.lua", "layout { %s, dtype = \"fp32\" }\nlayout { %s, weights = true }\n",
+                                  fields(&a), fields(&b));
+    sg_override ov[] = {
+        { "hidden", hidden_text }, { "weights", "false" }, { "dtype", "fp16" }, { "capacity", "1" },
+    };
+    cr_assert(load_with(path, ov, 4) == 0, "load failed:\n%s", messages());
+    for (size_t i = 0; i < spec.count; i++) {
+        const sg_variant *v = &spec.variants[i];
+        cr_expect(v->hidden == hidden && !v->weights && v->dtype == SYMM_DTYPE_FP16 &&
+                  v->combine_dtype == SYMM_DTYPE_FP16 && v->capacity == 1 && v->capacity_set,
+                  "variant %zu: hidden %d weights %d dtype %s capacity %lld", i, v->hidden, v->weights,
+                  sg_dtype_name(v->dtype), (long long)v->capacity);
+    }
+    cr_expect(strcmp(spec.variants[0].name, a.name) == 0 && strcmp(spec.variants[1].name, b.name) == 0);
+}
+
+Test(spec, bad_overrides_are_named)
+{
+    shape a = random_shape();
+    int bad_hidden = 8 * (int)rnd(1, 100) + (int)rnd(1, 7);
+    char hidden_text[16];
+    snprintf(hidden_text, sizeof hidden_text, "%d", bad_hidden);
+    const char *path = write_file("spec.lua", "%slayout { %s }\n", padding(), fields(&a));
+    sg_override ov[] = {
+        { "hiden", "7" }, { "name", "x" }, { "hidden", hidden_text }, { "topk", "abc" }, { "frob", "1" },
+    };
+    cr_assert(load_with(path, ov, 5) == -1);
+    expect_message("-D hiden=7: unknown field, did you mean \"hidden\"?");
+    expect_message("-D name=x: name cannot be overridden (each variant needs its own)");
+    expect_message("-D frob=1: unknown field, expected one of name, hidden, topk, experts, world, max_tokens, "
+                   "dtype, combine_dtype, layout, weights, capacity, align, sms");
+    expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 8 for bf16 " ROWS_WHY
+                   " (from -D hidden=%d)", path, pad_lines + 1, a.name, bad_hidden, bad_hidden);
+    expect_message("%s:%d: variant %s: field topk: got \"abc\", expected an integer 1..16 (from -D topk=abc)",
+                   path, pad_lines + 1, a.name);
+    expect_count(5);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The specs in specs/ */
+
+static int count_if(bool (*pred)(const sg_variant *, int), int arg)
+{
+    int n = 0;
+    for (size_t i = 0; i < spec.count; i++)
+        n += pred(&spec.variants[i], arg);
+    return n;
+}
+
+static bool has_dtype(const sg_variant *v, int d) { return v->dtype == (symm_dtype)d; }
+static bool has_combine(const sg_variant *v, int d) { return v->combine_dtype == (symm_dtype)d; }
+static bool has_layout(const sg_variant *v, int l) { return v->layout == (symm_layout)l; }
+static bool has_weights(const sg_variant *v, int w) { return v->weights == (bool)w; }
+static bool has_world(const sg_variant *v, int w) { return v->world == w; }
+static bool capped_in_world(const sg_variant *v, int w) { return v->world == w && v->capacity_set; }
+static bool aligned(const sg_variant *v, int a) { return v->layout == SYMM_LAYOUT_EXPERT && v->align >= a; }
+
+Test(spec, default_spec_covers_the_matrix)
+{
+    cr_assert(load("specs/default.lua") == 0, "specs/default.lua:\n%s", messages());
+    cr_expect(spec.count >= 12 && spec.count <= 20, "%zu variants, expected 12..20", spec.count);
+    for (int d = SYMM_DTYPE_BF16; d <= SYMM_DTYPE_FP8_E4M3; d++)
+        cr_expect(count_if(has_dtype, d) > 0, "no %s variant", sg_dtype_name((symm_dtype)d));
+    cr_expect(count_if(has_combine, SYMM_DTYPE_FP32) > 0 && count_if(has_combine, SYMM_DTYPE_FP16) > 0,
+              "combine dtypes fp16 and fp32 should appear");
+    cr_expect(count_if(has_layout, SYMM_LAYOUT_RANK) > 0 && count_if(has_layout, SYMM_LAYOUT_EXPERT) > 0);
+    cr_expect(count_if(has_weights, 1) > 0 && count_if(has_weights, 0) > 0);
+    cr_expect(count_if(has_world, 2) > 0 && count_if(has_world, 4) > 0);
+    cr_expect(count_if(capped_in_world, 2) > 0 && count_if(capped_in_world, 4) > 0,
+              "each world needs a variant with capacity below the worst case");
+    cr_expect(count_if(aligned, 64) > 0, "an expert variant with align >= 64");
+    for (size_t i = 0; i < spec.count; i++) {
+        const sg_variant *v = &spec.variants[i];
+        cr_expect(v->hidden >= 1024 && v->hidden <= 7168 && v->max_tokens >= 128 && v->max_tokens <= 512 &&
+                  v->experts >= 8 && v->experts <= 64 && v->topk <= 8,
+                  "%s: sizes should stay modest", v->name);
+        cr_expect(!v->capacity_set || v->capacity < sg_worst_capacity(v), "%s: capacity", v->name);
+    }
+}
+
+Test(spec, models_spec_loads)
+{
+    cr_assert(load("specs/models.lua") == 0, "specs/models.lua:\n%s", messages());
+    cr_expect(spec.count > 0 && spec.count <= 40, "%zu variants, expected 1..40", spec.count);
+    cr_expect(count_if(has_dtype, SYMM_DTYPE_FP8_E4M3) > 0 && count_if(aligned, 128) > 0);
+    bool dsv3 = false;
+    for (size_t i = 0; i < spec.count; i++)
+        dsv3 = dsv3 || (spec.variants[i].hidden == 7168 && spec.variants[i].experts == 256 &&
+                        spec.variants[i].topk == 8);
+    cr_expect(dsv3, "DeepSeek-V3's shape is missing");
+}
+
+Test(spec, tutorial_loads_and_its_example_error_is_true)
+{
+    cr_assert(load("specs/tutorial.lua") == 0, "specs/tutorial.lua:\n%s", messages());
+    cr_expect(spec.count > 0);
+
+    /* The tutorial quotes the error for hidden = "4096" in its first variant. */
+    FILE *f = fopen("specs/tutorial.lua", "r");
+    cr_assert(f != NULL);
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *quoted = strstr(text, "--   specs/tutorial.lua:");
+    cr_assert(quoted != NULL, "the tutorial should quote an error message");
+    char want[512];
+    cr_assert(sscanf(quoted + strlen("--   specs/tutorial.lua"), "%511[^\n]", want) == 1);
+    char *first = strstr(text, "hidden = 4096,");
+    cr_assert(first != NULL);
+    memmove(first + strlen("hidden = \"4096\","), first + strlen("hidden = 4096,"),
+            strlen(first + strlen("hidden = 4096,")) + 1);
+    memcpy(first, "hidden = \"4096\",", strlen("hidden = \"4096\","));
+    const char *path = write_file("tutorial.lua", "%s", text);
+    cr_assert(load(path) == -1);
+    cr_assert(diag.count >= 1);
+    cr_expect(strncmp(diag.messages[0], path, strlen(path)) == 0 &&
+              strcmp(diag.messages[0] + strlen(path), want) == 0,
+              "the tutorial says\n  ...%s\nbut symmgen says\n  %s", want, diag.messages[0]);
+}
+
+Test(spec, names_of_dtypes_and_layouts)
+{
+    cr_expect(strcmp(sg_dtype_name(SYMM_DTYPE_BF16), "bf16") == 0 && strcmp(sg_dtype_name(SYMM_DTYPE_FP16), "fp16") == 0 &&
+              strcmp(sg_dtype_name(SYMM_DTYPE_FP32), "fp32") == 0 &&
+              strcmp(sg_dtype_name(SYMM_DTYPE_FP8_E4M3), "fp8_e4m3") == 0);
+    cr_expect(strcmp(sg_layout_name(SYMM_LAYOUT_RANK), "rank") == 0 &&
+              strcmp(sg_layout_name(SYMM_LAYOUT_EXPERT), "expert") == 0);
+    cr_expect(strcmp(sg_dtype_name((symm_dtype)(4 + rnd(0, 100))), "unknown") == 0);
+}
+
+Test(diag, keeps_every_message_in_order, .init = seed)
+{
+    sg_diag d = { 0 };
+    unsigned n = rnd(1, 200), base = rnd(0, 100000);
+    for (unsigned i = 0; i < n; i++)
+        sg_diag_add(&d, "message %u of %s", base + i, "many");
+    cr_assert(d.count == n, "count %zu, expected %u", d.count, n);
+    for (unsigned i = 0; i < n; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "message %u of many", base + i);
+        cr_expect(strcmp(d.messages[i], want) == 0, "[%u] %s", i, d.messages[i]);
+    }
+    sg_diag_free(&d);
+    cr_expect(d.count == 0 && d.messages == NULL);
+}

@@ -1,0 +1,769 @@
+/* check.c: the GPU test matrix of dispatch and combine (one rank per process,
+ * started by symmrun). For every variant of a manifest whose world matches,
+ * for every routing and batch size, every rank generates the whole world's
+ * inputs from one shared fresh seed, runs the CPU reference for the whole
+ * world, runs dispatch and combine on the GPU with poisoned outputs, and
+ * compares its own results bit for bit. Also: CUDA-graph replays with fresh
+ * inputs and T read from device memory.
+ *
+ * usage: check --manifest out/default/manifest.json [--variant NAME]...
+ *              [--backend native|nccl] [--quick] [--graph-replays N] [--seed S]
+ * Prints "check: N passed, M failed" (rank 0) and exits 1 on any failure. */
+#include <cuda.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "symm_heap.h"
+#include "symm_manifest.h"
+#include "symm_ref.h"
+#include "symm_variant.h"
+#include "symm_world.h"
+
+#define POISON 0xA5
+
+static int g_rank;
+
+static void die(const char *what, symm_status st)
+{
+    fprintf(stderr, "check: %s: %s: %s\n", what, symm_status_name(st), symm_last_error());
+    exit(2);
+}
+
+#define CU(call)                                                                    \
+    do {                                                                            \
+        CUresult r_ = (call);                                                       \
+        if (r_ != CUDA_SUCCESS) {                                                   \
+            const char *n_ = "?";                                                   \
+            cuGetErrorName(r_, &n_);                                                \
+            fprintf(stderr, "check: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, n_); \
+            exit(2);                                                                \
+        }                                                                           \
+    } while (0)
+
+/* ---- deterministic random numbers (splitmix64) -------------------------- */
+typedef struct rng { uint64_t s; } rng;
+static uint64_t rng_next(rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) / 9007199254740992.0; }
+static int rng_int(rng *r, int n) { return (int)(rng_unit(r) * n); }
+static rng rng_for(uint64_t seed, uint64_t a, uint64_t b)
+{
+    rng r = {seed ^ (a * 0xD1342543DE82EF95ull) ^ (b * 0x9E3779B97F4A7C15ull)};
+    rng_next(&r);
+    return r;
+}
+
+/* ---- routings ------------------------------------------------------------ */
+typedef enum { R_UNIFORM, R_ONE_RANK, R_ZIPF, R_MASKED, R_EMPTY, R_INVALID, R_COUNT } routing;
+static const char *const routing_names[R_COUNT] = {"uniform", "one-rank", "zipf", "masked", "empty", "invalid"};
+
+static bool row_has(const int32_t *row, int n, int e)
+{
+    for (int i = 0; i < n; i++)
+        if (row[i] == e)
+            return true;
+    return false;
+}
+
+/* Pick K distinct experts for one token. */
+static void pick_row(rng *r, routing how, const symm_variant_desc *d, const double *zipf_cdf, int32_t *row)
+{
+    const int E = d->experts, K = d->topk, L = d->experts / d->world;
+    for (int k = 0; k < K; k++) {
+        int e;
+        do {
+            switch (how) {
+            case R_ONE_RANK: /* experts of rank 0 first, then anywhere once they run out */
+                e = k < L ? rng_int(r, L) : rng_int(r, E);
+                break;
+            case R_ZIPF: {
+                double u = rng_unit(r);
+                int lo = 0, hi = E - 1;
+                while (lo < hi) {
+                    int mid = (lo + hi) / 2;
+                    if (zipf_cdf[mid] < u)
+                        lo = mid + 1;
+                    else
+                        hi = mid;
+                }
+                e = lo;
+                break;
+            }
+            default:
+                e = rng_int(r, E);
+            }
+        } while (row_has(row, k, e));
+        row[k] = e;
+    }
+    if (how == R_MASKED || how == R_EMPTY)
+        for (int k = 0; k < K; k++)
+            if (how == R_EMPTY || rng_unit(r) < 0.35)
+                row[k] = -1;
+    if (how == R_INVALID)
+        for (int k = 0; k < K; k++) {
+            double u = rng_unit(r);
+            if (u < 0.06)
+                row[k] = E + rng_int(r, 5);
+            else if (u < 0.10)
+                row[k] = -2 - rng_int(r, 5);
+            else if (u < 0.16 && k > 0)
+                row[k] = row[rng_int(r, k)]; /* a repeat */
+        }
+}
+
+/* A finite random value of a dtype, as its bits. */
+static void random_elems(rng *r, symm_dtype dt, void *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)(rng_unit(r) * 8.0 - 4.0);
+        switch (dt) {
+        case SYMM_DTYPE_BF16: ((uint16_t *)dst)[i] = symm_f32_to_bf16(f); break;
+        case SYMM_DTYPE_FP16: ((uint16_t *)dst)[i] = symm_f32_to_f16(f); break;
+        case SYMM_DTYPE_FP32: ((float *)dst)[i] = f; break;
+        case SYMM_DTYPE_FP8_E4M3: ((uint8_t *)dst)[i] = symm_f32_to_e4m3(f * 50.0f); break;
+        }
+    }
+}
+
+/* One rank's host inputs. */
+typedef struct inputs {
+    int tokens;
+    void *x;
+    float *scales;
+    int32_t *topk;
+    float *weights;
+} inputs;
+
+static void make_inputs(const symm_variant_desc *d, uint64_t seed, int case_id, int rank, routing how,
+                        int tokens, const double *zipf_cdf, inputs *in)
+{
+    rng r = rng_for(seed, (uint64_t)case_id, (uint64_t)rank + 1);
+    const size_t H = (size_t)d->hidden, K = (size_t)d->topk, T = (size_t)tokens;
+    in->tokens = tokens;
+    in->x = malloc(T * H * symm_dtype_size(d->dtype) + 16);
+    in->scales = d->dtype == SYMM_DTYPE_FP8_E4M3 ? malloc(T * (H / SYMM_FP8_BLOCK) * 4 + 16) : NULL;
+    in->topk = malloc(T * K * 4 + 16);
+    in->weights = d->weights ? malloc(T * K * 4 + 16) : NULL;
+    random_elems(&r, d->dtype, in->x, T * H);
+    if (in->scales)
+        for (size_t i = 0; i < T * (H / SYMM_FP8_BLOCK); i++)
+            in->scales[i] = (float)(rng_unit(&r) + 0.01);
+    for (size_t t = 0; t < T; t++)
+        pick_row(&r, how, d, zipf_cdf, in->topk + t * K);
+    if (in->weights)
+        for (size_t i = 0; i < T * K; i++)
+            in->weights[i] = (float)rng_unit(&r);
+}
+
+static void free_inputs(inputs *in)
+{
+    free(in->x);
+    free(in->scales);
+    free(in->topk);
+    free(in->weights);
+    memset(in, 0, sizeof *in);
+}
+
+static symm_ref_config ref_config(const symm_variant_desc *d)
+{
+    symm_ref_config c = {
+        .hidden = d->hidden, .topk = d->topk, .experts = d->experts, .world = d->world,
+        .max_tokens = d->max_tokens, .dtype = d->dtype, .combine_dtype = d->combine_dtype,
+        .layout = d->layout, .weights = d->weights, .capacity = d->capacity, .align = d->align,
+    };
+    return c;
+}
+
+/* ---- device buffers of one rank ----------------------------------------- */
+typedef struct dev_inputs {
+    CUdeviceptr x, scales, topk, weights, tokens, y, out;
+} dev_inputs;
+
+static CUdeviceptr dalloc(size_t n)
+{
+    CUdeviceptr p;
+    CU(cuMemAlloc(&p, n < 16 ? 16 : n));
+    return p;
+}
+
+/* ---- comparison ---------------------------------------------------------- */
+typedef struct failures {
+    int count;
+    char first[512];
+} failures;
+
+static void fail(failures *f, const char *fmt, ...)
+{
+    if (f->count++ == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(f->first, sizeof f->first, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void compare_bytes(failures *f, const char *what, const void *got, const void *want, size_t n, size_t row_bytes)
+{
+    const unsigned char *g = got, *w = want;
+    for (size_t i = 0; i < n; i++)
+        if (g[i] != w[i]) {
+            fail(f, "%s: first difference at byte %zu (row %zu): got 0x%02x, want 0x%02x", what, i,
+                 row_bytes ? i / row_bytes : 0, g[i], w[i]);
+            return;
+        }
+}
+
+static void *dget(CUdeviceptr p, size_t n)
+{
+    void *h = malloc(n ? n : 1);
+    if (n)
+        CU(cuMemcpyDtoH(h, p, n));
+    return h;
+}
+
+/* Layout expert: whether row r is inside a segment of the reference. */
+static bool in_segment(const symm_ref_recv *ref, int L, int64_t r)
+{
+    for (int j = 0; j < L; j++)
+        if (r >= ref->expert_offset[j] && r < (int64_t)ref->expert_offset[j] + ref->expert_count[j])
+            return true;
+    return false;
+}
+
+static void compare_dispatch(failures *f, const symm_variant_desc *d, symm_variant *v, const symm_ref_recv *ref,
+                             const symm_ref_send_stats *send, const symm_variant_stats *st)
+{
+    symm_recv_buffers rb;
+    if (symm_variant_recv(v, &rb) != SYMM_OK)
+        die("symm_variant_recv", SYMM_ERR_STATE);
+    const int L = d->experts / d->world, K = d->topk;
+    const size_t H = (size_t)d->hidden, row_bytes = H * symm_dtype_size(d->dtype);
+    const int64_t rows = ref->rows;
+    if (st->recv_rows != rows)
+        fail(f, "recv_rows: got %d, want %" PRId64, st->recv_rows, rows);
+    if (st->invalid != send->invalid)
+        fail(f, "invalid: got %d, want %" PRId64, st->invalid, send->invalid);
+    if (st->dropped_send != send->dropped || st->dropped_recv != ref->dropped)
+        fail(f, "dropped: got send %d recv %d, want %" PRId64 " %" PRId64, st->dropped_send, st->dropped_recv,
+             send->dropped, ref->dropped);
+    if (f->count)
+        return;
+    unsigned char *x = dget(rb.x, (size_t)rows * row_bytes);
+    int32_t *src = dget(rb.src, (size_t)rows * 16);
+    int32_t *ec = dget(rb.expert_count, (size_t)L * 4);
+    compare_bytes(f, "expert_count", ec, ref->expert_count, (size_t)L * 4, 4);
+    if (d->layout == SYMM_LAYOUT_EXPERT) {
+        int32_t *eo = dget(rb.expert_offset, (size_t)L * 4);
+        compare_bytes(f, "expert_offset", eo, ref->expert_offset, (size_t)L * 4, 4);
+        free(eo);
+        float *w = d->weights ? dget(rb.weights, (size_t)rows * 4) : NULL;
+        const unsigned char *rx = ref->x;
+        for (int64_t r = 0; r < rows && !f->count; r++) {
+            const unsigned char *gx = x + r * row_bytes;
+            if (!in_segment(ref, L, r)) { /* padding: untouched since the poison */
+                for (size_t i = 0; i < row_bytes; i++)
+                    if (gx[i] != POISON) {
+                        fail(f, "padding row %" PRId64 " was written (byte %zu = 0x%02x)", r, i, gx[i]);
+                        break;
+                    }
+                continue;
+            }
+            compare_bytes(f, "recv_x", gx, rx + r * row_bytes, row_bytes, row_bytes);
+            compare_bytes(f, "recv_src", src + r * 4, ref->src + r * 4, 12, 12);
+            if (w)
+                compare_bytes(f, "recv_weights", w + r, ref->weights + r, 4, 4);
+            if (f->count)
+                snprintf(f->first + strlen(f->first), sizeof f->first - strlen(f->first), " [row %" PRId64 "]", r);
+        }
+        free(w);
+    } else {
+        compare_bytes(f, "recv_x", x, ref->x, (size_t)rows * row_bytes, row_bytes);
+        for (int64_t r = 0; r < rows && !f->count; r++)
+            compare_bytes(f, "recv_src", src + r * 4, ref->src + r * 4, 12, 12);
+        int32_t *tk = dget(rb.topk_idx, (size_t)rows * K * 4);
+        compare_bytes(f, "recv_topk_idx", tk, ref->topk_idx, (size_t)rows * K * 4, (size_t)K * 4);
+        free(tk);
+        if (d->weights) {
+            float *w = dget(rb.weights, (size_t)rows * K * 4);
+            compare_bytes(f, "recv_weights", w, ref->weights, (size_t)rows * K * 4, (size_t)K * 4);
+            free(w);
+        }
+    }
+    if (d->dtype == SYMM_DTYPE_FP8_E4M3 && !f->count) {
+        const size_t sb = H / SYMM_FP8_BLOCK * 4;
+        float *s = dget(rb.scales, (size_t)rows * sb);
+        for (int64_t r = 0; r < rows && !f->count; r++)
+            if (d->layout == SYMM_LAYOUT_RANK || in_segment(ref, L, r))
+                compare_bytes(f, "recv_scales", (char *)s + r * sb, (char *)ref->scales + r * sb, sb, sb);
+        free(s);
+    }
+    free(x);
+    free(src);
+    free(ec);
+}
+
+/* ---- one case ------------------------------------------------------------- */
+typedef struct world_case {
+    const symm_variant_desc *d;
+    symm_variant *v;
+    CUstream stream;
+    dev_inputs dev;
+    uint64_t seed;
+    double *zipf_cdf;
+} world_case;
+
+static int tokens_for(const symm_variant_desc *d, int batch_kind, int rank, rng *r)
+{
+    const int max = d->max_tokens;
+    switch (batch_kind) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: { int t = (max / 3) | 1; return t > max ? max : t; }
+    case 3: return max;
+    default: return rng_int(r, max + 1) * (rank + 1) % (max + 1); /* differs per rank */
+    }
+}
+
+/* Host side of one call: inputs of all ranks, the reference, own y. */
+typedef struct host_case {
+    inputs in[SYMM_REF_MAX_WORLD];
+    symm_ref_input ref_in[SYMM_REF_MAX_WORLD];
+    symm_ref_recv recv[SYMM_REF_MAX_WORLD];
+    symm_ref_send_stats stats[SYMM_REF_MAX_WORLD];
+    void *y[SYMM_REF_MAX_WORLD];
+    void *out[SYMM_REF_MAX_WORLD];
+    symm_status ref_status;
+} host_case;
+
+static void host_case_build(world_case *wc, host_case *hc, int case_id, routing how, int batch_kind)
+{
+    const symm_variant_desc *d = wc->d;
+    const int W = d->world;
+    const symm_ref_config cfg = ref_config(d);
+    rng tr = rng_for(wc->seed, (uint64_t)case_id, 777);
+    for (int p = 0; p < W; p++) {
+        make_inputs(d, wc->seed, case_id, p, how, tokens_for(d, batch_kind, p, &tr), wc->zipf_cdf, &hc->in[p]);
+        hc->ref_in[p] = (symm_ref_input){hc->in[p].tokens, hc->in[p].x, hc->in[p].scales, hc->in[p].topk,
+                                         hc->in[p].weights};
+        symm_status st = symm_ref_recv_alloc(&cfg, &hc->recv[p]);
+        if (st != SYMM_OK)
+            die("symm_ref_recv_alloc", st);
+    }
+    hc->ref_status = symm_ref_dispatch(&cfg, hc->ref_in, hc->recv, hc->stats);
+    if (hc->ref_status != SYMM_OK && hc->ref_status != SYMM_ERR_OVERFLOW)
+        die("symm_ref_dispatch", hc->ref_status);
+    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    for (int p = 0; p < W; p++) {
+        rng yr = rng_for(wc->seed, (uint64_t)case_id, 1000 + (uint64_t)p);
+        hc->y[p] = malloc((size_t)hc->recv[p].capacity * crow + 16);
+        random_elems(&yr, d->combine_dtype, hc->y[p], (size_t)hc->recv[p].capacity * d->hidden);
+        hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
+    }
+    symm_status st = symm_ref_combine(&cfg, hc->ref_in, hc->recv, (const void *const *)hc->y, hc->out);
+    if (st != SYMM_OK)
+        die("symm_ref_combine", st);
+}
+
+static void host_case_free(const symm_variant_desc *d, host_case *hc)
+{
+    for (int p = 0; p < d->world; p++) {
+        free_inputs(&hc->in[p]);
+        symm_ref_recv_free(&hc->recv[p]);
+        free(hc->y[p]);
+        free(hc->out[p]);
+    }
+}
+
+/* Upload this rank's inputs and y; poison what the call writes. */
+static void upload(world_case *wc, host_case *hc, bool tokens_on_device)
+{
+    const symm_variant_desc *d = wc->d;
+    const inputs *in = &hc->in[g_rank];
+    const size_t T = (size_t)in->tokens, H = (size_t)d->hidden, K = (size_t)d->topk;
+    CUstream s = wc->stream;
+    if (T) {
+        CU(cuMemcpyHtoDAsync(wc->dev.x, in->x, T * H * symm_dtype_size(d->dtype), s));
+        CU(cuMemcpyHtoDAsync(wc->dev.topk, in->topk, T * K * 4, s));
+        if (in->scales)
+            CU(cuMemcpyHtoDAsync(wc->dev.scales, in->scales, T * (H / SYMM_FP8_BLOCK) * 4, s));
+        if (in->weights)
+            CU(cuMemcpyHtoDAsync(wc->dev.weights, in->weights, T * K * 4, s));
+    }
+    int32_t t32 = (int32_t)T;
+    if (tokens_on_device)
+        CU(cuMemcpyHtoDAsync(wc->dev.tokens, &t32, 4, s));
+    const size_t crow = H * symm_dtype_size(d->combine_dtype);
+    CU(cuMemcpyHtoDAsync(wc->dev.y, hc->y[g_rank], (size_t)d->capacity * crow, s));
+    CU(cuMemsetD8Async(wc->dev.out, POISON, (size_t)d->max_tokens * crow, s));
+    symm_recv_buffers rb;
+    symm_variant_recv(wc->v, &rb);
+    const size_t cap = (size_t)d->capacity;
+    CU(cuMemsetD8Async(rb.x, POISON, cap * H * symm_dtype_size(d->dtype), s));
+    CU(cuMemsetD8Async(rb.src, POISON, cap * 16, s));
+    if (rb.topk_idx)
+        CU(cuMemsetD8Async(rb.topk_idx, POISON, cap * K * 4, s));
+    if (rb.weights)
+        CU(cuMemsetD8Async(rb.weights, POISON, cap * (d->layout == SYMM_LAYOUT_RANK ? K : 1) * 4, s));
+    if (rb.scales)
+        CU(cuMemsetD8Async(rb.scales, POISON, cap * (H / SYMM_FP8_BLOCK) * 4, s));
+    CU(cuStreamSynchronize(s));
+}
+
+static symm_status run_call(world_case *wc, host_case *hc, bool tokens_on_device)
+{
+    const symm_variant_desc *d = wc->d;
+    symm_dispatch_args a = {
+        .tokens = hc->in[g_rank].tokens,
+        .tokens_dev = tokens_on_device ? (const int32_t *)wc->dev.tokens : NULL,
+        .x = (const void *)wc->dev.x,
+        .x_scales = d->dtype == SYMM_DTYPE_FP8_E4M3 ? (const float *)wc->dev.scales : NULL,
+        .topk_idx = (const int32_t *)wc->dev.topk,
+        .topk_weights = d->weights ? (const float *)wc->dev.weights : NULL,
+    };
+    symm_status st = symm_variant_dispatch(wc->v, &a, wc->stream);
+    if (st == SYMM_OK)
+        st = symm_variant_combine(wc->v, (const void *)wc->dev.y, (void *)wc->dev.out, wc->stream);
+    return st;
+}
+
+static void check_results(world_case *wc, host_case *hc, failures *f)
+{
+    const symm_variant_desc *d = wc->d;
+    symm_variant_stats st;
+    symm_status s = symm_variant_stats_read(wc->v, wc->stream, &st);
+    const bool want_overflow = hc->stats[g_rank].invalid || hc->stats[g_rank].dropped || hc->recv[g_rank].dropped;
+    if (s != (want_overflow ? SYMM_ERR_OVERFLOW : SYMM_OK))
+        fail(f, "stats: got %s (%s), want %s", symm_status_name(s), symm_last_error(),
+             want_overflow ? "SYMM_ERR_OVERFLOW" : "SYMM_OK");
+    if (st.timed_out)
+        return;
+    compare_dispatch(f, d, wc->v, &hc->recv[g_rank], &hc->stats[g_rank], &st);
+    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    const size_t T = (size_t)hc->in[g_rank].tokens;
+    void *out = dget(wc->dev.out, T * crow);
+    compare_bytes(f, "combine out", out, hc->out[g_rank], T * crow, crow);
+    free(out);
+}
+
+/* All ranks agree: the number of ranks that failed. */
+static int world_failures(symm_world *w, int mine)
+{
+    int all[SYMM_REF_MAX_WORLD];
+    symm_status st = symm_world_allgather(w, &mine, all, sizeof mine);
+    if (st != SYMM_OK)
+        die("symm_world_allgather", st);
+    int n = 0;
+    for (int i = 0; i < symm_world_size(w); i++)
+        n += all[i] != 0;
+    return n;
+}
+
+typedef struct options {
+    const char *manifest;
+    const char *variants[64];
+    int n_variants;
+    symm_backend backend;
+    bool quick;
+    int graph_replays;
+    int time_iters;
+    uint64_t seed;
+} options;
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: check --manifest PATH [--variant NAME]... [--backend native|nccl] [--quick] "
+                    "[--graph-replays N] [--time N] [--seed S]\n");
+    exit(2);
+}
+
+static void parse(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = SYMM_BACKEND_NATIVE;
+    o->graph_replays = 100;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--manifest") && next)
+            o->manifest = argv[++i];
+        else if (!strcmp(a, "--variant") && next && o->n_variants < 64)
+            o->variants[o->n_variants++] = argv[++i];
+        else if (!strcmp(a, "--backend") && next) {
+            i++;
+            if (!strcmp(next, "native"))
+                o->backend = SYMM_BACKEND_NATIVE;
+            else if (!strcmp(next, "nccl"))
+                o->backend = SYMM_BACKEND_NCCL;
+            else
+                usage();
+        } else if (!strcmp(a, "--quick"))
+            o->quick = true;
+        else if (!strcmp(a, "--graph-replays") && next)
+            o->graph_replays = atoi(argv[++i]);
+        else if (!strcmp(a, "--time") && next)
+            o->time_iters = atoi(argv[++i]);
+        else if (!strcmp(a, "--seed") && next)
+            o->seed = strtoull(argv[++i], NULL, 0);
+        else
+            usage();
+    }
+    if (!o->manifest)
+        usage();
+}
+
+static bool wanted(const options *o, const char *name)
+{
+    if (!o->n_variants)
+        return true;
+    for (int i = 0; i < o->n_variants; i++)
+        if (!strcmp(o->variants[i], name))
+            return true;
+    return false;
+}
+
+static void setup_case(world_case *wc, const symm_variant_desc *d)
+{
+    const size_t H = (size_t)d->hidden, T = (size_t)d->max_tokens, K = (size_t)d->topk;
+    wc->dev.x = dalloc(T * H * symm_dtype_size(d->dtype));
+    wc->dev.scales = dalloc(T * (H / SYMM_FP8_BLOCK) * 4);
+    wc->dev.topk = dalloc(T * K * 4);
+    wc->dev.weights = dalloc(T * K * 4);
+    wc->dev.tokens = dalloc(4);
+    wc->dev.y = dalloc((size_t)d->capacity * H * symm_dtype_size(d->combine_dtype));
+    wc->dev.out = dalloc(T * H * symm_dtype_size(d->combine_dtype));
+    wc->zipf_cdf = malloc(sizeof(double) * (size_t)d->experts);
+    double sum = 0;
+    for (int e = 0; e < d->experts; e++)
+        sum += pow(e + 1.0, -1.2);
+    double acc = 0;
+    for (int e = 0; e < d->experts; e++) {
+        acc += pow(e + 1.0, -1.2) / sum;
+        wc->zipf_cdf[e] = acc;
+    }
+    wc->zipf_cdf[d->experts - 1] = 1.0;
+}
+
+static void teardown_case(world_case *wc)
+{
+    CUdeviceptr ps[] = {wc->dev.x, wc->dev.scales, wc->dev.topk, wc->dev.weights, wc->dev.tokens, wc->dev.y, wc->dev.out};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        CU(cuMemFree(ps[i]));
+    free(wc->zipf_cdf);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median time of dispatch and of combine over iters calls at T = max_tokens,
+ * uniform routing (CUDA events around each call). */
+static void time_variant(symm_world *w, world_case *wc, int iters)
+{
+    const symm_variant_desc *d = wc->d;
+    host_case *hc = calloc(1, sizeof *hc);
+    host_case_build(wc, hc, 999999, R_UNIFORM, 3);
+    upload(wc, hc, false);
+    float *td = malloc(sizeof(float) * (size_t)iters), *tc = malloc(sizeof(float) * (size_t)iters);
+    CUevent e0, e1, e2;
+    CU(cuEventCreate(&e0, 0));
+    CU(cuEventCreate(&e1, 0));
+    CU(cuEventCreate(&e2, 0));
+    symm_dispatch_args a = {
+        .tokens = hc->in[g_rank].tokens,
+        .x = (const void *)wc->dev.x,
+        .x_scales = d->dtype == SYMM_DTYPE_FP8_E4M3 ? (const float *)wc->dev.scales : NULL,
+        .topk_idx = (const int32_t *)wc->dev.topk,
+        .topk_weights = d->weights ? (const float *)wc->dev.weights : NULL,
+    };
+    for (int i = -3; i < iters; i++) {
+        if (symm_world_barrier(w) != SYMM_OK)
+            die("barrier", SYMM_ERR_PEER);
+        CU(cuEventRecord(e0, wc->stream));
+        symm_status st = symm_variant_dispatch(wc->v, &a, wc->stream);
+        CU(cuEventRecord(e1, wc->stream));
+        if (st == SYMM_OK)
+            st = symm_variant_combine(wc->v, (const void *)wc->dev.y, (void *)wc->dev.out, wc->stream);
+        CU(cuEventRecord(e2, wc->stream));
+        if (st != SYMM_OK)
+            die("timed call", st);
+        CU(cuEventSynchronize(e2));
+        if (i >= 0) {
+            CU(cuEventElapsedTime(&td[i], e0, e1));
+            CU(cuEventElapsedTime(&tc[i], e1, e2));
+        }
+    }
+    qsort(td, (size_t)iters, sizeof *td, cmp_float);
+    qsort(tc, (size_t)iters, sizeof *tc, cmp_float);
+    /* Remote bytes of dispatch: rows sent to other ranks. */
+    int64_t remote = 0;
+    for (int p = 0; p < d->world; p++)
+        if (p != g_rank)
+            for (int64_t r = 0; r < hc->recv[p].rows; r++)
+                remote += hc->recv[p].src[r * 4] == g_rank;
+    const double bytes = (double)remote * d->hidden * symm_dtype_size(d->dtype);
+    if (g_rank == 0)
+        printf("time %-24s T=%d: dispatch %.1f us, combine %.1f us (median of %d); dispatch %.0f GB/s remote per GPU\n",
+               d->name, hc->in[g_rank].tokens, td[iters / 2] * 1e3, tc[iters / 2] * 1e3, iters,
+               bytes / (td[iters / 2] * 1e-3) / 1e9);
+    CU(cuEventDestroy(e0));
+    CU(cuEventDestroy(e1));
+    CU(cuEventDestroy(e2));
+    free(td);
+    free(tc);
+    host_case_free(d, hc);
+    free(hc);
+}
+
+/* The matrix for one variant: routings x batch kinds, then graph replays.
+ * Returns the number of failed cases (agreed by all ranks). */
+static int run_variant(symm_world *w, const options *o, const symm_variant_desc *d, int *cases_out)
+{
+    world_case wc = {.d = d, .seed = o->seed};
+    symm_variant_options vo = {.backend = o->backend};
+    symm_status st = symm_variant_create(w, d, &vo, &wc.v);
+    if (st != SYMM_OK) {
+        fprintf(stderr, "[%s] create: %s: %s\n", d->name, symm_status_name(st), symm_last_error());
+        *cases_out = 1;
+        return 1;
+    }
+    CU(cuStreamCreate(&wc.stream, CU_STREAM_NON_BLOCKING));
+    setup_case(&wc, d);
+    int failed = 0, cases = 0, case_id = 0;
+    const bool big = (int64_t)d->max_tokens * d->hidden > 4096LL * 4096;
+    for (int how = 0; how < R_COUNT; how++) {
+        for (int batch = 0; batch < 5; batch++) {
+            if ((o->quick || big) && batch == 3 && how != R_UNIFORM && how != R_INVALID)
+                continue;
+            if (o->quick && batch == 4)
+                continue;
+            host_case *hc = calloc(1, sizeof *hc);
+            host_case_build(&wc, hc, ++case_id, (routing)how, batch);
+            upload(&wc, hc, batch == 4);
+            failures f = {0};
+            st = run_call(&wc, hc, batch == 4);
+            if (st != SYMM_OK)
+                fail(&f, "call: %s: %s", symm_status_name(st), symm_last_error());
+            else
+                check_results(&wc, hc, &f);
+            if (f.count)
+                fprintf(stderr, "FAIL %s rank %d routing %s batch %d (T=%d) seed 0x%" PRIx64 ": %s\n", d->name, g_rank,
+                        routing_names[how], batch, hc->in[g_rank].tokens, o->seed, f.first);
+            failed += world_failures(w, f.count) != 0;
+            cases++;
+            host_case_free(d, hc);
+            free(hc);
+        }
+    }
+    /* Graph: dispatch + combine captured once, replayed with fresh inputs and
+     * T from device memory each time. */
+    int replays = o->backend == SYMM_BACKEND_NATIVE ? (o->quick ? o->graph_replays / 10 : o->graph_replays) : 0;
+    if (big)
+        replays = replays > 5 ? 5 : replays;
+    if (replays > 0) {
+        CUgraph graph;
+        CUgraphExec exec;
+        host_case *hc = calloc(1, sizeof *hc);
+        host_case_build(&wc, hc, ++case_id, R_UNIFORM, 4);
+        upload(&wc, hc, true);
+        CU(cuStreamBeginCapture(wc.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+        st = run_call(&wc, hc, true);
+        CU(cuStreamEndCapture(wc.stream, &graph));
+        if (st != SYMM_OK)
+            die("capture", st);
+        CU(cuGraphInstantiate(&exec, graph, 0));
+        host_case_free(d, hc);
+        free(hc);
+        int graph_failed = 0;
+        for (int i = 0; i < replays; i++) {
+            hc = calloc(1, sizeof *hc);
+            host_case_build(&wc, hc, ++case_id, (routing)(i % R_COUNT), 4);
+            upload(&wc, hc, true);
+            failures f = {0};
+            CU(cuGraphLaunch(exec, wc.stream));
+            check_results(&wc, hc, &f);
+            if (f.count)
+                fprintf(stderr, "FAIL %s rank %d graph replay %d (T=%d) seed 0x%" PRIx64 ": %s\n", d->name, g_rank, i,
+                        hc->in[g_rank].tokens, o->seed, f.first);
+            graph_failed += world_failures(w, f.count) != 0;
+            host_case_free(d, hc);
+            free(hc);
+        }
+        CU(cuGraphExecDestroy(exec));
+        CU(cuGraphDestroy(graph));
+        failed += graph_failed != 0;
+        cases++;
+    }
+    if (o->time_iters > 0)
+        time_variant(w, &wc, o->time_iters);
+    teardown_case(&wc);
+    CU(cuStreamDestroy(wc.stream));
+    st = symm_variant_destroy(wc.v);
+    if (st != SYMM_OK)
+        die("symm_variant_destroy", st);
+    *cases_out = cases;
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    parse(argc, argv, &o);
+    symm_world *w;
+    symm_status st = symm_world_create_from_env(&w);
+    if (st != SYMM_OK)
+        die("symm_world_create_from_env", st);
+    g_rank = symm_world_rank(w);
+    if (!o.seed) {
+        uint64_t s = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+        if ((st = symm_world_bcast(w, &s, sizeof s, 0)) != SYMM_OK)
+            die("symm_world_bcast", st);
+        o.seed = s;
+    }
+    symm_manifest *m;
+    if ((st = symm_manifest_open(o.manifest, &m)) != SYMM_OK)
+        die("symm_manifest_open", st);
+    int passed = 0, failed = 0, skipped = 0;
+    for (size_t i = 0; i < symm_manifest_count(m); i++) {
+        const char *name = symm_manifest_name(m, i);
+        if (!wanted(&o, name))
+            continue;
+        const symm_variant_desc *d;
+        if ((st = symm_manifest_variant(m, name, &d)) != SYMM_OK)
+            die("symm_manifest_variant", st);
+        if (d->world != symm_world_size(w)) {
+            skipped++;
+            continue;
+        }
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int cases = 0;
+        int bad = run_variant(w, &o, d, &cases);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (g_rank == 0)
+            printf("%s %-28s %d/%d cases (%s backend, %.1f s)\n", bad ? "FAIL" : "ok  ", name, cases - bad, cases,
+                   o.backend == SYMM_BACKEND_NCCL ? "nccl" : "native",
+                   (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+        passed += cases - bad;
+        failed += bad;
+        fflush(stdout);
+    }
+    symm_manifest_close(m);
+    if (g_rank == 0)
+        printf("check (world %d, seed 0x%" PRIx64 ", %d variants of other worlds skipped): %d passed, %d failed\n",
+               symm_world_size(w), o.seed, skipped, passed, failed);
+    symm_world_destroy(w);
+    return failed ? 1 : 0;
+}
