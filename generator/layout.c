@@ -60,7 +60,8 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     out->worst_capacity = sg_worst_capacity(v);
 
     place(out, SYMM_REGION_SIGNALS, "signals", SG_SIGNAL_KINDS * W * SG_SIGNAL_SLOT, true);
-    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * count_row_entries(v) * 4, true);
+    /* One count row per (source rank, source block), two parities. */
+    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * (uint64_t)v->sms * count_row_entries(v) * 4, true);
     place(out, SYMM_REGION_RECV_X, "recv_x", cap * H * elt, true);
     place(out, SYMM_REGION_RECV_SCALES, "recv_scales", fp8 ? cap * (H / SYMM_FP8_BLOCK) * 4 : 0, true);
     place(out, SYMM_REGION_RECV_SRC, "recv_src", cap * 16, true);
@@ -74,11 +75,12 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     place(out, SYMM_REGION_EXPERT_OFFSET, "expert_offset", L * 4, false);
     place(out, SYMM_REGION_TOKEN_ROUTE, "token_route", T * (rank ? W : K) * 4, false);
     place(out, SYMM_REGION_TOKEN_WEIGHTS, "token_weights", (!rank && v->weights) ? T * K * 4 : 0, false);
-    /* The layout kernel keeps per-warp counters of every bin in shared memory
-     * when at least 8 warps' worth fit in 32 KiB (templates/variant.cu.in
+    /* Dispatch keeps per-warp counters of every bin in shared memory when the
+     * 16 warps' worth fit in 32 KiB, else here (templates/variant.cu.in
      * derives the same from this region's size). */
-    const uint64_t bins = count_row_entries(v);
-    place(out, SYMM_REGION_LAYOUT_WORK, "layout_work", 32768 / (bins * 4) >= 8 ? 0 : 32 * bins * 4, false);
+    const uint64_t bins = count_row_entries(v), warps = 16;
+    place(out, SYMM_REGION_LAYOUT_WORK, "layout_work",
+          warps * bins * 4 <= 32768 ? 0 : (uint64_t)v->sms * warps * bins * 4, false);
     out->symmetric_bytes = round_up(out->symmetric_bytes, SG_REGION_ALIGN);
     out->scratch_bytes = round_up(out->scratch_bytes, SG_REGION_ALIGN);
 }

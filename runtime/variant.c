@@ -14,7 +14,6 @@
 #include "variant_internal.h"
 
 /* Threads per block of the kernels (templates/variant.cu.in). */
-#define LAYOUT_THREADS 1024
 #define COPY_THREADS 512
 
 /* Mirrors of the template's Args and State. */
@@ -97,7 +96,6 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     }
     symm_jit_result_free(&res);
     SYMM_TRY(st);
-    SYMM_TRY(symm_jit_get_function(v->module, "symm_layout", &v->fn_layout));
     SYMM_TRY(symm_jit_get_function(v->module, "symm_dispatch", &v->fn_dispatch));
     SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
     SYMM_TRY(symm_jit_get_function(v->module, "symm_gather_rows", &v->fn_gather));
@@ -276,7 +274,6 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
     k.topk_weights = (CUdeviceptr)args->topk_weights;
     k.tokens_dev = (CUdeviceptr)args->tokens_dev;
     k.tokens = args->tokens;
-    SYMM_TRY(launch(v, v->fn_layout, 1, LAYOUT_THREADS, &k, stream, "dispatch: launch of symm_layout"));
     return launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
                   "dispatch: launch of symm_dispatch");
 }

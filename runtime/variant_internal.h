@@ -30,7 +30,7 @@ struct symm_variant {
     symm_alloc *alloc;         /* the symmetric buffer (desc->symmetric_bytes) */
     CUdeviceptr scratch;       /* local scratch (desc->scratch_bytes) */
     CUmodule module;
-    CUfunction fn_layout, fn_dispatch, fn_combine;  /* native backend */
+    CUfunction fn_dispatch, fn_combine;             /* native backend */
     CUfunction fn_gather, fn_scatter, fn_reduce;    /* NCCL backend */
     double jit_ms;
     bool jit_cache_hit;

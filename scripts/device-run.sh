@@ -3,11 +3,13 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, nccl, world4, world8, sanitize, bench
+#        check, nccl, world4, world8, sanitize, bench, rtbench
 set -uo pipefail
 build=$1; shift
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+# Logs go to one archive under $OUT (the device tool brings back few files).
+final=${OUT:-/tmp/out}
+out=$(mktemp -d /tmp/symm-logs.XXXXXX)
+mkdir -p "$final"
 export LD_LIBRARY_PATH=$PWD/.bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_TIMEOUT=${SYMM_TIMEOUT:-30} SYMM_CACHE_DIR=/tmp/symm-cache
@@ -25,6 +27,7 @@ step() { # name limit_s command...
 nvidia-smi -L > "$out/machine.log"
 $build/bin/symmgen -q -o out/default specs/default.lua >> "$out/machine.log" 2>&1
 $build/bin/symmgen -q -o out/models specs/models.lua >> "$out/machine.log" 2>&1
+$build/bin/symmgen -q -o out/worlds specs/worlds.lua >> "$out/machine.log" 2>&1
 for s in "$@"; do
     case $s in
     runtime)
@@ -37,8 +40,28 @@ for s in "$@"; do
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
     nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
+    worlds) for w in 3 5 8; do
+            step check-worlds-w$w 200 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 20
+        done ;;
+    sanitize)
+        for tool in memcheck racecheck; do
+            step sanitizer-$tool 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
+                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2
+        done ;;
+    variant)
+        for n in 2 4; do
+            step test_variant-n$n 180 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n $n --gpus "$gpus" -- "$build/tests-gpu/test_variant" --jobs 1
+        done ;;
+    selfcheck) step selfcheck 120 scripts/selfcheck.sh "$build" ;;
+    bench) step bench 420 env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ;;
     world8) step check-w8 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 10 ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, world8)"; exit 2 ;;
+    rtbench) for n in 2 4; do
+            step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
+        done ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
+cp "$out/summary.log" "$final/summary.log"
+tar -C "$out" -czf "$final/logs.tgz" .

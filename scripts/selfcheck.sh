@@ -15,7 +15,7 @@ if [ "$ngpu" -lt 2 ]; then
     exit 0
 fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-make --no-print-directory BUILD="$build" "$build/tests-gpu/check" >/dev/null || exit 1
+[ -x "$build/tests-gpu/check" ] || make --no-print-directory BUILD="$build" "$build/tests-gpu/check" >/dev/null || exit 1
 variant=${SELFCHECK_VARIANT:-bf16_rank_w2}
 "$build/bin/symmrun" -n 2 --gpus 0,1 -- "$build/tests-gpu/check" --manifest out/default/manifest.json \
     --variant "$variant" --quick --time 20

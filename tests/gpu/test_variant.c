@@ -1,0 +1,1220 @@
+/* test_variant.c: the host API contract of a created variant (symm_variant.h)
+ * and how dispatch and combine fail, where tests/gpu/check.c covers the
+ * results over a matrix of routings. One binary is one rank:
+ *
+ *     SYMM_TEST_MANIFEST=out/default/manifest.json \
+ *         symmrun -n 2 --gpus 0,1 -- build/tests-gpu/test_variant --jobs 1
+ *
+ * (and -n 4: two ranks per GPU). Every Test joins its own world (the job id
+ * plus a tag), opens the smallest variant of the manifest that fits what it
+ * needs and whose world is the world's size, makes the same collective calls
+ * in the same order on every rank, and leaves through a barrier. Results are
+ * compared bit for bit with the CPU reference (symm_ref.h) on fresh random
+ * inputs that every rank generates for the whole world from one shared seed.
+ * Without a GPU or SYMM_TEST_MANIFEST every test prints why and skips. */
+#include <inttypes.h>
+
+#include "heap_test.h"
+#include "symm_manifest.h"
+#include "symm_ref.h"
+#include "symm_variant.h"
+
+#define POISON 0xA5
+#define MAX_W SYMM_REF_MAX_WORLD
+
+/* ---- random inputs --------------------------------------------------------- */
+
+/* A stream of its own for each (seed, a, b): any rank can rebuild any rank's data. */
+static unsigned long long rng_for(unsigned long long seed, unsigned long long a, unsigned long long b)
+{
+    unsigned long long s = seed ^ (a * 0xD1342543DE82EF95ull) ^ (b * 0x9E3779B97F4A7C15ull);
+    next_random(&s);
+    return s;
+}
+
+static double rng_unit(unsigned long long *s) { return (double)(next_random(s) >> 11) / 9007199254740992.0; }
+
+static void random_elems(unsigned long long *s, symm_dtype dt, void *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)(rng_unit(s) * 8.0 - 4.0);
+        switch (dt) {
+        case SYMM_DTYPE_BF16: ((uint16_t *)dst)[i] = symm_f32_to_bf16(f); break;
+        case SYMM_DTYPE_FP16: ((uint16_t *)dst)[i] = symm_f32_to_f16(f); break;
+        case SYMM_DTYPE_FP32: ((float *)dst)[i] = f; break;
+        case SYMM_DTYPE_FP8_E4M3: ((uint8_t *)dst)[i] = symm_f32_to_e4m3(f * 50.0f); break;
+        }
+    }
+}
+
+/* K distinct experts, about one entry in ten masked with -1. */
+static void random_topk_row(unsigned long long *s, int experts, int topk, int32_t *row)
+{
+    for (int k = 0; k < topk; k++) {
+        int e, again;
+        do {
+            e = (int)(next_random(s) % (unsigned long long)experts);
+            again = 0;
+            for (int j = 0; j < k; j++)
+                again |= row[j] == e;
+        } while (again);
+        row[k] = e;
+    }
+    for (int k = 0; k < topk; k++)
+        if (next_random(s) % 10 == 0)
+            row[k] = -1;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = calloc(1, n ? n : 1);
+    cr_assert(p != NULL, "rank %d: out of host memory (%zu bytes)", test_rank, n);
+    return p;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- choosing a variant ------------------------------------------------------ */
+
+/* What a test needs of its variant; -1: anything. */
+typedef struct want {
+    int layout, weights, fp8;
+    int other_world; /* 1: a variant for another world size than this one */
+} want;
+
+static const want ANY = {-1, -1, -1, 0};
+
+static bool fits(const symm_variant_desc *d, int world, want w)
+{
+    if (w.other_world ? d->world == world : d->world != world)
+        return false;
+    /* Full capacity, so that a random routing never drops rows. */
+    if (d->capacity != d->worst_capacity)
+        return false;
+    return (w.layout < 0 || (int)d->layout == w.layout) && (w.weights < 0 || d->weights == w.weights) &&
+           (w.fp8 < 0 || (d->dtype == SYMM_DTYPE_FP8_E4M3) == w.fp8);
+}
+
+/* The variant of the manifest with the smallest symmetric buffer that fits w
+ * (the same choice on every rank); its name in name, its world in *world_out.
+ * false when none does. */
+static bool pick_variant(const char *manifest, int world, want w, char *name, size_t cap, int *world_out)
+{
+    symm_manifest *m;
+    symm_status st = symm_manifest_open(manifest, &m);
+    cr_assert(st == SYMM_OK, "rank %d: symm_manifest_open(%s): %s: %s", test_rank, manifest,
+              symm_status_name(st), symm_last_error());
+    uint64_t best = UINT64_MAX;
+    for (size_t i = 0; i < symm_manifest_count(m); i++) {
+        const symm_variant_desc *d;
+        st = symm_manifest_variant(m, symm_manifest_name(m, i), &d);
+        cr_assert(st == SYMM_OK, "rank %d: symm_manifest_variant(%s): %s: %s", test_rank,
+                  symm_manifest_name(m, i), symm_status_name(st), symm_last_error());
+        if (fits(d, world, w) && d->symmetric_bytes < best) {
+            best = d->symmetric_bytes;
+            snprintf(name, cap, "%s", d->name);
+            if (world_out)
+                *world_out = d->world;
+        }
+    }
+    symm_manifest_close(m);
+    return best != UINT64_MAX;
+}
+
+/* ---- one test's rank ------------------------------------------------------------ */
+
+typedef struct vt {
+    rank_ctx c;             /* world and this test's own device (keeps the context alive) */
+    const char *manifest;
+    char name[64];          /* the variant picked for the test */
+    symm_variant *v;
+    const symm_variant_desc *d;
+    CUstream stream;
+    unsigned long long seed; /* shared by every rank */
+} vt;
+
+static const char *manifest_or_skip(void)
+{
+    const char *m = getenv("SYMM_TEST_MANIFEST");
+    if (!m || !*m) {
+        printf("skipped: SYMM_TEST_MANIFEST not set (the manifest.json of specs/default.lua)\n");
+        fflush(stdout);
+        cr_skip_test("SYMM_TEST_MANIFEST not set");
+    }
+    return m;
+}
+
+/* Join this test's world (job id plus tag, with a timeout of at least
+ * min_timeout_s) and open the rank's GPU. */
+static void join(rank_ctx *c, const char *tag, double min_timeout_s)
+{
+    symm_world_config cfg;
+    symm_status st = symm_world_config_from_env(&cfg);
+    cr_assert(st == SYMM_OK, "symm_world_config_from_env: %s: %s (run this binary through symmrun -n N)",
+              symm_status_name(st), symm_last_error());
+    char job[256];
+    snprintf(job, sizeof job, "%s.variant.%s", cfg.job_id ? cfg.job_id : "variant-test", tag);
+    cfg.job_id = job;
+    if (cfg.timeout_s < min_timeout_s)
+        cfg.timeout_s = min_timeout_s;
+    st = symm_world_create(&cfg, &c->world);
+    cr_assert(st == SYMM_OK, "rank %d: symm_world_create (job %s): %s: %s", cfg.rank, job,
+              symm_status_name(st), symm_last_error());
+    c->rank = test_rank = symm_world_rank(c->world);
+    c->ranks = symm_world_size(c->world);
+    EXPECT_OK(symm_device_open(c->world, &c->dev));
+}
+
+/* Everything a test needs before its variant: skips (alike on every rank)
+ * without a GPU, a manifest or a variant that fits w. */
+static void vt_setup(vt *t, const char *tag, want w, double min_timeout_s)
+{
+    memset(t, 0, sizeof *t);
+    SKIP_WITHOUT_GPU();
+    t->manifest = manifest_or_skip();
+    join(&t->c, tag, min_timeout_s);
+    if (!pick_variant(t->manifest, t->c.ranks, w, t->name, sizeof t->name, NULL)) {
+        printf("skipped: %s has no full-capacity variant of world %d with layout %d, weights %d, fp8 %d "
+               "(-1: any)\n", t->manifest, t->c.ranks, w.layout, w.weights, w.fp8);
+        fflush(stdout);
+        rank_end(&t->c);
+        cr_skip_test("no variant fits");
+    }
+    t->seed = shared_seed(t->c.world);
+    CU_OK(cuStreamCreate(&t->stream, CU_STREAM_NON_BLOCKING));
+}
+
+/* Collective. */
+static void vt_open(vt *t, const symm_variant_options *o)
+{
+    symm_status st = symm_variant_open(t->c.world, t->manifest, t->name, o, &t->v);
+    cr_assert(st == SYMM_OK, "rank %d: symm_variant_open(%s): %s: %s", t->c.rank, t->name,
+              symm_status_name(st), symm_last_error());
+    t->d = symm_variant_describe(t->v);
+}
+
+/* Collective. */
+static void vt_close(vt *t)
+{
+    symm_status st = symm_variant_destroy(t->v);
+    cr_assert(st == SYMM_OK, "rank %d: symm_variant_destroy(%s): %s: %s", t->c.rank, t->name,
+              symm_status_name(st), symm_last_error());
+    t->v = NULL;
+    t->d = NULL;
+}
+
+static void vt_finish(vt *t)
+{
+    CU_OK(cuStreamDestroy(t->stream));
+    rank_end(&t->c);
+}
+
+static symm_variant_options native_options(void)
+{
+    symm_variant_options o = {.backend = SYMM_BACKEND_NATIVE};
+    return o;
+}
+
+/* ---- one call of the whole world, on the CPU ---------------------------------- */
+
+typedef struct vcase {
+    symm_ref_config cfg;
+    int world;
+    void *x[MAX_W];
+    float *scales[MAX_W], *weights[MAX_W];
+    int32_t *topk[MAX_W];
+    void *y[MAX_W], *out[MAX_W];
+    int64_t y_rows[MAX_W];
+    symm_ref_input in[MAX_W];
+    symm_ref_recv recv[MAX_W];
+    symm_ref_send_stats stats[MAX_W];
+} vcase;
+
+static size_t x_row(const symm_variant_desc *d) { return (size_t)d->hidden * (size_t)symm_dtype_size(d->dtype); }
+static size_t y_row(const symm_variant_desc *d) { return (size_t)d->hidden * (size_t)symm_dtype_size(d->combine_dtype); }
+static size_t scales_row(const symm_variant_desc *d) { return (size_t)d->hidden / SYMM_FP8_BLOCK * 4; }
+
+/* Rank p's T rows of input from (seed, p). */
+static void case_inputs(vcase *k, const symm_variant_desc *d, unsigned long long seed, int p, int tokens)
+{
+    const size_t T = (size_t)tokens, K = (size_t)d->topk;
+    unsigned long long s = rng_for(seed, 1, (unsigned long long)p);
+    k->x[p] = xmalloc(T * x_row(d));
+    random_elems(&s, d->dtype, k->x[p], T * (size_t)d->hidden);
+    if (d->dtype == SYMM_DTYPE_FP8_E4M3) {
+        k->scales[p] = xmalloc(T * scales_row(d));
+        for (size_t i = 0; i < T * scales_row(d) / 4; i++)
+            k->scales[p][i] = (float)(rng_unit(&s) + 0.01);
+    }
+    k->topk[p] = xmalloc(T * K * 4);
+    for (size_t t = 0; t < T; t++)
+        random_topk_row(&s, d->experts, d->topk, k->topk[p] + t * K);
+    if (d->weights) {
+        k->weights[p] = xmalloc(T * K * 4);
+        for (size_t i = 0; i < T * K; i++)
+            k->weights[p][i] = (float)(rng_unit(&s) + 0.01);
+    }
+    k->in[p] = (symm_ref_input){tokens, k->x[p], k->scales[p], k->topk[p], k->weights[p]};
+}
+
+/* Every rank's inputs (tokens[p] rows from seed), the reference dispatch, y
+ * for the rows each rank received (row r of rank p's y depends only on
+ * (y_seed, p, r), so two cases with one y_seed agree on their common rows),
+ * and the reference combine. */
+static vcase *case_build(const symm_variant_desc *d, unsigned long long seed, unsigned long long y_seed,
+                         const int *tokens)
+{
+    vcase *k = xmalloc(sizeof *k);
+    k->world = d->world;
+    k->cfg = (symm_ref_config){
+        .hidden = d->hidden, .topk = d->topk, .experts = d->experts, .world = d->world,
+        .max_tokens = d->max_tokens, .dtype = d->dtype, .combine_dtype = d->combine_dtype,
+        .layout = d->layout, .weights = d->weights, .capacity = d->capacity, .align = d->align,
+    };
+    for (int p = 0; p < k->world; p++) {
+        case_inputs(k, d, seed, p, tokens[p]);
+        EXPECT_OK(symm_ref_recv_alloc(&k->cfg, &k->recv[p]));
+    }
+    EXPECT_OK(symm_ref_dispatch(&k->cfg, k->in, k->recv, k->stats));
+    for (int p = 0; p < k->world; p++) {
+        unsigned long long s = rng_for(y_seed, 2, (unsigned long long)p);
+        k->y_rows[p] = k->recv[p].rows;
+        k->y[p] = xmalloc((size_t)k->y_rows[p] * y_row(d));
+        random_elems(&s, d->combine_dtype, k->y[p], (size_t)k->y_rows[p] * (size_t)d->hidden);
+        k->out[p] = xmalloc((size_t)tokens[p] * y_row(d));
+    }
+    EXPECT_OK(symm_ref_combine(&k->cfg, k->in, k->recv, (const void *const *)k->y, k->out));
+    return k;
+}
+
+static void case_free(vcase *k)
+{
+    for (int p = 0; p < k->world; p++) {
+        free(k->x[p]);
+        free(k->scales[p]);
+        free(k->topk[p]);
+        free(k->weights[p]);
+        free(k->y[p]);
+        free(k->out[p]);
+        symm_ref_recv_free(&k->recv[p]);
+    }
+    free(k);
+}
+
+/* T of every rank: random in 1..max_tokens (from the shared seed, so every
+ * rank knows every rank's T). */
+static void random_tokens(const vt *t, int *tokens, unsigned long long salt)
+{
+    unsigned long long s = rng_for(t->seed, 3, salt);
+    for (int p = 0; p < t->c.ranks; p++)
+        tokens[p] = 1 + (int)(next_random(&s) % (unsigned long long)t->d->max_tokens);
+}
+
+/* ---- device side --------------------------------------------------------------- */
+
+/* This rank's dispatch inputs, sized for max_tokens. */
+typedef struct dev_in {
+    CUdeviceptr x, scales, topk, weights, tokens;
+} dev_in;
+
+static CUdeviceptr dalloc(size_t n)
+{
+    CUdeviceptr p;
+    CU_OK(cuMemAlloc(&p, n < 16 ? 16 : n));
+    return p;
+}
+
+static void dev_in_alloc(const symm_variant_desc *d, dev_in *b)
+{
+    const size_t T = (size_t)d->max_tokens, K = (size_t)d->topk;
+    b->x = dalloc(T * x_row(d));
+    b->scales = dalloc(T * scales_row(d));
+    b->topk = dalloc(T * K * 4);
+    b->weights = dalloc(T * K * 4);
+    b->tokens = dalloc(4);
+}
+
+static void dev_in_free(dev_in *b)
+{
+    CUdeviceptr ps[] = {b->x, b->scales, b->topk, b->weights, b->tokens};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        CU_OK(cuMemFree(ps[i]));
+}
+
+static void dev_in_upload(const vt *t, const vcase *k, const dev_in *b)
+{
+    const symm_variant_desc *d = t->d;
+    const int me = t->c.rank;
+    const size_t T = (size_t)k->in[me].tokens, K = (size_t)d->topk;
+    CU_OK(cuMemcpyHtoD(b->x, k->x[me], T * x_row(d)));
+    CU_OK(cuMemcpyHtoD(b->topk, k->topk[me], T * K * 4));
+    if (k->scales[me])
+        CU_OK(cuMemcpyHtoD(b->scales, k->scales[me], T * scales_row(d)));
+    if (k->weights[me])
+        CU_OK(cuMemcpyHtoD(b->weights, k->weights[me], T * K * 4));
+    int32_t t32 = (int32_t)T;
+    CU_OK(cuMemcpyHtoD(b->tokens, &t32, 4));
+}
+
+static CUdeviceptr y_alloc(const symm_variant_desc *d) { return dalloc((size_t)d->capacity * y_row(d)); }
+
+static void y_upload(const vt *t, const vcase *k, CUdeviceptr y)
+{
+    const int me = t->c.rank;
+    if (k->y_rows[me])
+        CU_OK(cuMemcpyHtoD(y, k->y[me], (size_t)k->y_rows[me] * y_row(t->d)));
+}
+
+/* Poison the outputs (recv buffers of the variant, out) so that stale data
+ * never passes for a result. */
+static void poison(const vt *t, CUdeviceptr out, size_t out_bytes)
+{
+    const symm_variant_desc *d = t->d;
+    const size_t cap = (size_t)d->capacity, K = (size_t)d->topk;
+    symm_recv_buffers rb;
+    EXPECT_OK(symm_variant_recv(t->v, &rb));
+    CU_OK(cuMemsetD8(out, POISON, out_bytes));
+    CU_OK(cuMemsetD8(rb.x, POISON, cap * x_row(d)));
+    CU_OK(cuMemsetD8(rb.src, POISON, cap * 16));
+    if (rb.topk_idx)
+        CU_OK(cuMemsetD8(rb.topk_idx, POISON, cap * K * 4));
+    if (rb.weights)
+        CU_OK(cuMemsetD8(rb.weights, POISON, cap * (d->layout == SYMM_LAYOUT_RANK ? K : 1) * 4));
+    if (rb.scales)
+        CU_OK(cuMemsetD8(rb.scales, POISON, cap * scales_row(d)));
+    CU_OK(cuCtxSynchronize());
+}
+
+/* Arguments of a correct dispatch of tokens rows (or T from device memory). */
+static symm_dispatch_args good_args(const symm_variant_desc *d, const dev_in *b, int tokens, bool on_device)
+{
+    symm_dispatch_args a = {
+        /* Ignored with tokens_dev; 0 would give other results if it were used. */
+        .tokens = on_device ? 0 : tokens,
+        .tokens_dev = on_device ? (const int32_t *)b->tokens : NULL,
+        .x = (const void *)b->x,
+        .x_scales = d->dtype == SYMM_DTYPE_FP8_E4M3 ? (const float *)b->scales : NULL,
+        .topk_idx = (const int32_t *)b->topk,
+        .topk_weights = d->weights ? (const float *)b->weights : NULL,
+    };
+    return a;
+}
+
+static void *dget(CUdeviceptr p, size_t n)
+{
+    void *h = xmalloc(n);
+    if (n)
+        CU_OK(cuMemcpyDtoH(h, p, n));
+    return h;
+}
+
+/* ---- comparing with the reference ------------------------------------------------ */
+
+static void expect_bytes(const vt *t, const char *what, const void *got, const void *want, size_t n, size_t row)
+{
+    const unsigned char *g = got, *w = want;
+    for (size_t i = 0; i < n; i++)
+        if (g[i] != w[i])
+            cr_assert_fail("rank %d: %s (%s): byte %zu (row %zu) is 0x%02x, expected 0x%02x%s (seed 0x%llx)",
+                           t->c.rank, what, t->name, i, row ? i / row : 0, g[i], w[i],
+                           g[i] == POISON ? " (the poison: never written)" : "", t->seed);
+}
+
+static bool in_segment(const symm_ref_recv *ref, int local_experts, int64_t r)
+{
+    for (int j = 0; j < local_experts; j++)
+        if (r >= ref->expert_offset[j] && r < (int64_t)ref->expert_offset[j] + ref->expert_count[j])
+            return true;
+    return false;
+}
+
+/* The last dispatch's rows, sources, top-k ids and expert counts of this rank. */
+static void expect_recv(const vt *t, const vcase *k)
+{
+    const symm_variant_desc *d = t->d;
+    const symm_ref_recv *ref = &k->recv[t->c.rank];
+    const int L = d->experts / d->world, K = d->topk;
+    const int64_t rows = ref->rows;
+    symm_recv_buffers rb;
+    EXPECT_OK(symm_variant_recv(t->v, &rb));
+    int32_t *count = dget(rb.expert_count, (size_t)L * 4);
+    expect_bytes(t, "expert_count", count, ref->expert_count, (size_t)L * 4, 4);
+    free(count);
+    const bool expert = d->layout == SYMM_LAYOUT_EXPERT;
+    if (expert) {
+        int32_t *offset = dget(rb.expert_offset, (size_t)L * 4);
+        expect_bytes(t, "expert_offset", offset, ref->expert_offset, (size_t)L * 4, 4);
+        free(offset);
+    }
+    unsigned char *x = dget(rb.x, (size_t)rows * x_row(d));
+    int32_t *src = dget(rb.src, (size_t)rows * 16);
+    for (int64_t r = 0; r < rows; r++) {
+        if (expert && !in_segment(ref, L, r))
+            continue;
+        const void *want_x = (const char *)ref->x + r * x_row(d);
+        if (memcmp(x + r * x_row(d), want_x, x_row(d)) || memcmp(src + r * 4, ref->src + r * 4, 12)) {
+            char what[64];
+            snprintf(what, sizeof what, "recv_x/recv_src of row %" PRId64, r);
+            expect_bytes(t, what, x + r * x_row(d), want_x, x_row(d), 0);
+            expect_bytes(t, what, src + r * 4, ref->src + r * 4, 12, 0);
+        }
+    }
+    if (!expert) {
+        int32_t *topk = dget(rb.topk_idx, (size_t)rows * K * 4);
+        expect_bytes(t, "recv_topk_idx", topk, ref->topk_idx, (size_t)rows * K * 4, (size_t)K * 4);
+        free(topk);
+    }
+    free(x);
+    free(src);
+}
+
+static void expect_out(const vt *t, const vcase *k, CUdeviceptr out, const char *what)
+{
+    const size_t n = (size_t)k->in[t->c.rank].tokens * y_row(t->d);
+    void *got = dget(out, n);
+    expect_bytes(t, what, got, k->out[t->c.rank], n, y_row(t->d));
+    free(got);
+}
+
+/* Statistics, received rows and combine output of the last call against the
+ * reference: calls dispatches so far, and (clamped) T from device memory was
+ * above max_tokens on this rank. */
+static void expect_results(const vt *t, const vcase *k, CUdeviceptr out, uint64_t calls, bool clamped)
+{
+    const int me = t->c.rank;
+    symm_variant_stats s;
+    symm_status st = symm_variant_stats_read(t->v, t->stream, &s);
+    if (clamped) {
+        cr_assert(st == SYMM_ERR_OVERFLOW && strstr(symm_last_error(), "clamped"),
+                  "rank %d: stats after a clamped T: %s (%s), expected SYMM_ERR_OVERFLOW saying \"clamped\"",
+                  me, symm_status_name(st), st == SYMM_OK ? "" : symm_last_error());
+    } else {
+        cr_assert(st == SYMM_OK, "rank %d: stats of a clean call (%s): %s: %s", me, t->name,
+                  symm_status_name(st), symm_last_error());
+    }
+    cr_assert(s.calls == calls && s.tokens == k->in[me].tokens && s.recv_rows == k->recv[me].rows &&
+                  s.clamped == (int)clamped && s.invalid == 0 && s.dropped_send == 0 && s.dropped_recv == 0 &&
+                  !s.timed_out,
+              "rank %d: stats (%s): calls %" PRIu64 " tokens %d recv_rows %d clamped %d invalid %d dropped %d/%d "
+              "timed_out %d; expected calls %" PRIu64 " tokens %d recv_rows %" PRId64 " clamped %d and no errors",
+              me, t->name, s.calls, s.tokens, s.recv_rows, s.clamped, s.invalid, s.dropped_send, s.dropped_recv,
+              s.timed_out, calls, k->in[me].tokens, k->recv[me].rows, (int)clamped);
+    expect_recv(t, k);
+    expect_out(t, k, out, "combine out");
+}
+
+/* One correct dispatch + combine on fresh random inputs, checked. */
+static void good_call(vt *t, uint64_t calls_before)
+{
+    int tokens[MAX_W];
+    random_tokens(t, tokens, 100 + calls_before);
+    vcase *k = case_build(t->d, rng_for(t->seed, 4, calls_before), t->seed ^ calls_before, tokens);
+    dev_in b;
+    dev_in_alloc(t->d, &b);
+    CUdeviceptr y = y_alloc(t->d), out = dalloc((size_t)t->d->max_tokens * y_row(t->d));
+    dev_in_upload(t, k, &b);
+    y_upload(t, k, y);
+    poison(t, out, (size_t)t->d->max_tokens * y_row(t->d));
+    symm_dispatch_args a = good_args(t->d, &b, tokens[t->c.rank], false);
+    EXPECT_OK(symm_variant_dispatch(t->v, &a, t->stream));
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)out, t->stream));
+    expect_results(t, k, out, calls_before + 1, false);
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+}
+
+static uint64_t calls_so_far(const vt *t)
+{
+    symm_variant_stats s;
+    symm_status st = symm_variant_stats_read(t->v, t->stream, &s);
+    cr_assert(st == SYMM_OK, "rank %d: stats_read (%s): %s: %s", t->c.rank, t->name, symm_status_name(st),
+              symm_last_error());
+    return s.calls;
+}
+
+/* ---- capture: proof that a call queued nothing ----------------------------------- */
+
+static void capture_begin(const vt *t)
+{
+    CU_OK(cuStreamBeginCapture(t->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+}
+
+static void capture_end_expect_empty(const vt *t, const char *call)
+{
+    CUgraph g;
+    CU_OK(cuStreamEndCapture(t->stream, &g));
+    size_t nodes = 0;
+    CU_OK(cuGraphGetNodes(g, NULL, &nodes));
+    CU_OK(cuGraphDestroy(g));
+    cr_assert(nodes == 0, "rank %d: the refused %s (%s) queued %zu operations on the stream, expected none",
+              t->c.rank, call, t->name, nodes);
+}
+
+/* ---- 1. bad input is refused before any GPU work ------------------------------------ */
+
+/* One refused call: how to spoil correct arguments, and what the message
+ * must contain. */
+typedef struct bad_call {
+    const char *tag;
+    want w;
+    bool combine; /* a combine argument is bad (after a correct dispatch) */
+    void (*spoil)(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                  void **out, unsigned long long *rng, char (*needle)[96]);
+} bad_call;
+
+static void refused(const bad_call *bc)
+{
+    vt t;
+    vt_setup(&t, bc->tag, bc->w, 0);
+    symm_variant_options o = native_options();
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 0);
+    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
+    dev_in b;
+    dev_in_alloc(d, &b);
+    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(&t, k, &b);
+    y_upload(&t, k, y);
+    poison(&t, out, (size_t)d->max_tokens * y_row(d));
+    symm_dispatch_args good = good_args(d, &b, tokens[t.c.rank], false);
+    if (bc->combine)
+        EXPECT_OK(symm_variant_dispatch(t.v, &good, t.stream));
+    const uint64_t calls = calls_so_far(&t);
+
+    symm_dispatch_args a = good;
+    const void *bad_y = (const void *)y;
+    void *bad_out = (void *)out;
+    unsigned long long rng = fresh_seed();
+    char needle[2][96] = {"", ""};
+    bc->spoil(d, &b, &a, &bad_y, &bad_out, &rng, needle);
+    capture_begin(&t);
+    symm_status st = bc->combine ? symm_variant_combine(t.v, bad_y, bad_out, t.stream)
+                                 : symm_variant_dispatch(t.v, &a, t.stream);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", symm_last_error());
+    capture_end_expect_empty(&t, bc->combine ? "combine" : "dispatch");
+    cr_assert(st == SYMM_ERR_INVALID_ARG, "rank %d: %s (%s): got %s (%s), expected SYMM_ERR_INVALID_ARG",
+              t.c.rank, bc->tag, t.name, symm_status_name(st), msg);
+    for (int i = 0; i < 2; i++)
+        cr_assert(strstr(msg, needle[i]) != NULL, "rank %d: %s: the message should contain \"%s\": %s",
+                  t.c.rank, bc->tag, needle[i], msg);
+    cr_assert(calls_so_far(&t) == calls, "rank %d: %s: the refused call advanced the call count from %" PRIu64,
+              t.c.rank, bc->tag, calls);
+
+    /* The variant is still in step on every rank. */
+    if (!bc->combine)
+        EXPECT_OK(symm_variant_dispatch(t.v, &good, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
+    expect_results(&t, k, out, 1, false);
+
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+    vt_close(&t);
+    vt_finish(&t);
+}
+
+static void tokens_too_many(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                            void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)b, (void)y, (void)out;
+    a->tokens = d->max_tokens + 1 + (int)(next_random(rng) % 1000);
+    snprintf(needle[0], 96, "tokens %d", a->tokens);
+    snprintf(needle[1], 96, "max_tokens");
+}
+
+static void tokens_negative(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                            void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)y, (void)out;
+    a->tokens = -1 - (int)(next_random(rng) % 1000);
+    snprintf(needle[0], 96, "tokens %d", a->tokens);
+    snprintf(needle[1], 96, "expected 0..%d", d->max_tokens);
+}
+
+static void x_null(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                   void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)y, (void)out, (void)rng;
+    a->x = NULL;
+    snprintf(needle[0], 96, " x is NULL");
+}
+
+static void topk_null(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                      void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)y, (void)out, (void)rng;
+    a->topk_idx = NULL;
+    snprintf(needle[0], 96, "topk_idx is NULL");
+}
+
+static void x_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                         void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)y, (void)out;
+    a->x = (const void *)(b->x + 1 + next_random(rng) % 15);
+    snprintf(needle[0], 96, " x %p", a->x);
+    snprintf(needle[1], 96, "16-byte alignment");
+}
+
+static void scales_given(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                         void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)y, (void)out, (void)rng;
+    a->x_scales = (const float *)b->scales;
+    snprintf(needle[0], 96, "x_scales given");
+    snprintf(needle[1], 96, "has no scales");
+}
+
+static void weights_missing(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                            void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)y, (void)out, (void)rng;
+    a->topk_weights = NULL;
+    snprintf(needle[0], 96, "topk_weights is NULL");
+}
+
+static void weights_given(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                          void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)y, (void)out, (void)rng;
+    a->topk_weights = (const float *)b->weights;
+    snprintf(needle[0], 96, "topk_weights given");
+    snprintf(needle[1], 96, "weights = false");
+}
+
+static void y_null(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                   void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)a, (void)out, (void)rng;
+    *y = NULL;
+    snprintf(needle[0], 96, "combine: y is NULL");
+}
+
+static void out_null(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                     void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)a, (void)y, (void)rng;
+    *out = NULL;
+    snprintf(needle[0], 96, "combine: out is NULL");
+}
+
+static void y_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                         void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)b, (void)a, (void)out;
+    *y = (const char *)*y + 1 + next_random(rng) % 15;
+    snprintf(needle[0], 96, "combine: y %p", *y);
+    snprintf(needle[1], 96, "16-byte alignment");
+}
+
+#define LAYOUT_RANK_ANY ((want){SYMM_LAYOUT_RANK, -1, -1, 0})
+#define LAYOUT_EXPERT_ANY ((want){SYMM_LAYOUT_EXPERT, -1, -1, 0})
+
+Test(variant, dispatch_refuses_tokens_above_max_tokens_before_queueing_work)
+{
+    refused(&(bad_call){"rej-tokens-hi", LAYOUT_RANK_ANY, false, tokens_too_many});
+}
+
+Test(variant, dispatch_refuses_negative_tokens_before_queueing_work)
+{
+    refused(&(bad_call){"rej-tokens-neg", LAYOUT_EXPERT_ANY, false, tokens_negative});
+}
+
+Test(variant, dispatch_refuses_null_x_with_tokens_before_queueing_work)
+{
+    refused(&(bad_call){"rej-x-null", LAYOUT_RANK_ANY, false, x_null});
+}
+
+Test(variant, dispatch_refuses_null_topk_idx_with_tokens_before_queueing_work)
+{
+    refused(&(bad_call){"rej-topk-null", LAYOUT_EXPERT_ANY, false, topk_null});
+}
+
+Test(variant, dispatch_refuses_misaligned_x_before_queueing_work)
+{
+    refused(&(bad_call){"rej-x-align", LAYOUT_RANK_ANY, false, x_misaligned});
+}
+
+Test(variant, dispatch_refuses_x_scales_for_a_non_fp8_variant)
+{
+    refused(&(bad_call){"rej-scales", (want){-1, -1, 0, 0}, false, scales_given});
+}
+
+Test(variant, dispatch_refuses_missing_topk_weights_on_a_weights_variant)
+{
+    refused(&(bad_call){"rej-w-missing", (want){-1, 1, -1, 0}, false, weights_missing});
+}
+
+Test(variant, dispatch_refuses_topk_weights_on_a_no_weights_variant)
+{
+    refused(&(bad_call){"rej-w-given", (want){-1, 0, -1, 0}, false, weights_given});
+}
+
+Test(variant, combine_refuses_null_y_before_queueing_work)
+{
+    refused(&(bad_call){"rej-y-null", LAYOUT_EXPERT_ANY, true, y_null});
+}
+
+Test(variant, combine_refuses_null_out_before_queueing_work)
+{
+    refused(&(bad_call){"rej-out-null", LAYOUT_RANK_ANY, true, out_null});
+}
+
+Test(variant, combine_refuses_misaligned_y_before_queueing_work)
+{
+    refused(&(bad_call){"rej-y-align", LAYOUT_EXPERT_ANY, true, y_misaligned});
+}
+
+/* ---- 2. an absent peer ---------------------------------------------------------------- */
+
+/* Open descriptors and free device memory, taken while no rank of the world
+ * is between two barriers (ranks sharing a GPU see each other's memory). */
+static void quiet_snapshot(const vt *t, int *fds, size_t *free_bytes)
+{
+    size_t total = 0;
+    EXPECT_OK(symm_world_barrier(t->c.world));
+    CU_OK(cuCtxSynchronize());
+    CU_OK(cuMemGetInfo(free_bytes, &total));
+    *fds = open_fd_count();
+    EXPECT_OK(symm_world_barrier(t->c.world));
+}
+
+/* Seconds until the stream's work is done; fails the test after limit_s,
+ * so that a device wait that never gives up is reported, not waited for. */
+static double drain(const vt *t, double t0, double limit_s, const char *what)
+{
+    for (;;) {
+        CUresult r = cuStreamQuery(t->stream);
+        double elapsed = now_s() - t0;
+        if (r == CUDA_SUCCESS)
+            return elapsed;
+        cr_assert(r == CUDA_ERROR_NOT_READY, "rank %d: cuStreamQuery after %s: error %d", t->c.rank, what, (int)r);
+        cr_assert(elapsed < limit_s, "rank %d: %s still running after %.1f s: the device wait did not give up",
+                  t->c.rank, what, elapsed);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Rank 0 dispatches alone: its device wait gives up after the variant's
+ * timeout and names the peer; later calls fail at once. */
+static void lonely_rank_zero(vt *t, const dev_in *b, const vcase *k, CUdeviceptr y, CUdeviceptr out, double timeout)
+{
+    symm_dispatch_args a = good_args(t->d, b, k->in[0].tokens, false);
+    symm_variant_stats s;
+    double t0 = now_s();
+    EXPECT_OK(symm_variant_dispatch(t->v, &a, t->stream));
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)out, t->stream));
+    const double first = drain(t, t0, timeout + 10.0, "a dispatch no peer joined");
+    symm_status st = symm_variant_stats_read(t->v, t->stream, &s);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", symm_last_error());
+    cr_assert(st == SYMM_ERR_TIMEOUT, "rank 0: stats after a dispatch no peer joined: %s (%s), expected "
+              "SYMM_ERR_TIMEOUT", symm_status_name(st), st == SYMM_OK ? "" : msg);
+    const int W = t->c.ranks;
+    cr_assert(s.timed_out && s.timeout_peer >= 1 && s.timeout_peer < W && (W != 2 || s.timeout_peer == 1) &&
+                  s.timeout_phase == 1 && s.calls == 1,
+              "rank 0: stats timed_out %d peer %d phase %d calls %" PRIu64 ", expected a timeout waiting for "
+              "rank %s in phase 1 (counts) of call 1", s.timed_out, s.timeout_peer, s.timeout_phase, s.calls,
+              W == 2 ? "1" : "1..W-1");
+    char peer[32];
+    snprintf(peer, sizeof peer, "for rank %d ", s.timeout_peer);
+    cr_assert(strstr(msg, peer) && strstr(msg, "count exchange"),
+              "rank 0: the message should name rank %d and the count exchange: %s", s.timeout_peer, msg);
+    cr_assert(first >= timeout * 0.95 && first < timeout + 4.0,
+              "rank 0: the timed-out call took %.3f s, expected about the variant's timeout of %g s", first,
+              timeout);
+
+    /* Sticky: the next call fails fast and still reports the first failure. */
+    const symm_variant_stats before = s;
+    t0 = now_s();
+    EXPECT_OK(symm_variant_dispatch(t->v, &a, t->stream));
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)out, t->stream));
+    const double second = drain(t, t0, timeout + 10.0, "the call after a timeout");
+    st = symm_variant_stats_read(t->v, t->stream, &s);
+    cr_assert(st == SYMM_ERR_TIMEOUT && s.timed_out && s.timeout_peer == before.timeout_peer &&
+                  s.timeout_phase == before.timeout_phase,
+              "rank 0: after a timeout the next call gave %s (%s), timed_out %d peer %d phase %d; expected the "
+              "same timeout (peer %d phase %d) again", symm_status_name(st), symm_last_error(), s.timed_out,
+              s.timeout_peer, s.timeout_phase, before.timeout_peer, before.timeout_phase);
+    cr_assert(second < 1.0, "rank 0: a call after a timeout took %.3f s on the device, expected it to fail fast "
+              "(under 1 s)", second);
+}
+
+Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_frees_everything)
+{
+    vt t;
+    /* Other ranks wait in a host barrier while rank 0 times out on the device. */
+    vt_setup(&t, "timeout", ANY, 30.0);
+    const double timeout = 2.0;
+    symm_variant_options o = native_options();
+    o.timeout_s = timeout;
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 0);
+    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
+    dev_in b;
+    dev_in_alloc(d, &b);
+    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(&t, k, &b);
+    y_upload(&t, k, y);
+    /* A first variant with a working call pays the one-time costs (module
+     * loading, lazy driver allocations), so that the second is measured
+     * alone. */
+    poison(&t, out, (size_t)d->max_tokens * y_row(d));
+    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], false);
+    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
+    expect_results(&t, k, out, 1, false);
+    vt_close(&t);
+    int fds_before, fds_after;
+    size_t free_before, free_after;
+    quiet_snapshot(&t, &fds_before, &free_before);
+
+    vt_open(&t, &o);
+    if (t.c.rank == 0) {
+        lonely_rank_zero(&t, &b, k, y, out, timeout);
+    } else {
+        symm_variant_stats s;
+        symm_status st = symm_variant_stats_read(t.v, t.stream, &s);
+        cr_assert(st == SYMM_OK && s.calls == 0 && !s.timed_out,
+                  "rank %d: a variant this rank never called reports %s, calls %" PRIu64 ", timed_out %d",
+                  t.c.rank, symm_status_name(st), s.calls, s.timed_out);
+    }
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    vt_close(&t);
+    quiet_snapshot(&t, &fds_after, &free_after);
+    cr_assert(fds_after == fds_before, "rank %d: %d descriptors open after the destroy, %d before the create",
+              t.c.rank, fds_after, fds_before);
+    cr_assert(free_after >= free_before, "rank %d: %zu bytes of device memory free after the destroy, %zu before "
+              "the create: %zu bytes were not released", t.c.rank, free_after, free_before,
+              free_before - free_after);
+
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+    vt_finish(&t);
+}
+
+/* ---- 3. T from device memory --------------------------------------------------------------- */
+
+Test(variant, tokens_dev_takes_t_from_device_memory)
+{
+    vt t;
+    vt_setup(&t, "tokens-dev", LAYOUT_EXPERT_ANY, 0);
+    symm_variant_options o = native_options();
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 0);
+    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
+    dev_in b;
+    dev_in_alloc(d, &b);
+    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(&t, k, &b);
+    y_upload(&t, k, y);
+    poison(&t, out, (size_t)d->max_tokens * y_row(d));
+    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], true);
+    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
+    expect_results(&t, k, out, 1, false);
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+    vt_close(&t);
+    vt_finish(&t);
+}
+
+Test(variant, tokens_dev_above_max_tokens_is_clamped_and_reported)
+{
+    vt t;
+    vt_setup(&t, "tokens-clamp", (want){SYMM_LAYOUT_RANK, 1, -1, 0}, 0);
+    symm_variant_options o = native_options();
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 0);
+    /* Rank 0 says more than max_tokens: it sends max_tokens rows. */
+    tokens[0] = d->max_tokens;
+    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
+    dev_in b;
+    dev_in_alloc(d, &b);
+    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(&t, k, &b);
+    y_upload(&t, k, y);
+    if (t.c.rank == 0) {
+        unsigned long long s = fresh_seed();
+        int32_t too_many = d->max_tokens + 1 + (int32_t)(next_random(&s) % 100000);
+        CU_OK(cuMemcpyHtoD(b.tokens, &too_many, 4));
+    }
+    poison(&t, out, (size_t)d->max_tokens * y_row(d));
+    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], true);
+    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
+    expect_results(&t, k, out, 1, t.c.rank == 0);
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+    vt_close(&t);
+    vt_finish(&t);
+}
+
+/* ---- 4. backends -------------------------------------------------------------------------- */
+
+Test(variant, nccl_backend_refuses_stream_capture_saying_why)
+{
+    vt t;
+    vt_setup(&t, "nccl-capture", ANY, 0);
+    if (symm_device_gpu_count(t.c.dev) < t.c.ranks) {
+        printf("skipped: NCCL needs one GPU per rank (%d ranks on %d GPUs)\n", t.c.ranks,
+               symm_device_gpu_count(t.c.dev));
+        fflush(stdout);
+        vt_finish(&t);
+        cr_skip_test("NCCL needs one GPU per rank");
+    }
+    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 0);
+    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
+    dev_in b;
+    dev_in_alloc(d, &b);
+    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(&t, k, &b);
+    y_upload(&t, k, y);
+    poison(&t, out, (size_t)d->max_tokens * y_row(d));
+    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], false);
+
+    for (int combine = 0; combine < 2; combine++) {
+        capture_begin(&t);
+        symm_status st = combine ? symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream)
+                                 : symm_variant_dispatch(t.v, &a, t.stream);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", symm_last_error());
+        capture_end_expect_empty(&t, combine ? "combine" : "dispatch");
+        cr_assert(st == SYMM_ERR_STATE && strstr(msg, "capture") && strstr(msg, "NCCL"),
+                  "rank %d: NCCL %s during stream capture: %s (%s), expected SYMM_ERR_STATE saying that the NCCL "
+                  "backend cannot be captured", t.c.rank, combine ? "combine" : "dispatch", symm_status_name(st),
+                  msg);
+    }
+    /* Outside capture the same call works, and every rank is still in step. */
+    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
+    expect_results(&t, k, out, 1, false);
+
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+    vt_close(&t);
+    vt_finish(&t);
+}
+
+Test(variant, unknown_symm_backend_is_refused_listing_the_accepted_values)
+{
+    vt t;
+    vt_setup(&t, "backend-env", ANY, 0);
+    char value[32];
+    unsigned long long s = fresh_seed();
+    snprintf(value, sizeof value, "nvlink%llu", next_random(&s) % 100000);
+    /* Every rank fails alike, before any collective (the backend is picked first). */
+    setenv("SYMM_BACKEND", value, 1);
+    symm_variant_options o = {.backend = SYMM_BACKEND_DEFAULT};
+    symm_variant *v = (symm_variant *)&v;
+    symm_status st = symm_variant_open(t.c.world, t.manifest, t.name, &o, &v);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", symm_last_error());
+    cr_assert(st == SYMM_ERR_INVALID_ARG && v == NULL,
+              "rank %d: SYMM_BACKEND=%s: got %s (%s) and %s variant, expected SYMM_ERR_INVALID_ARG and none",
+              t.c.rank, value, symm_status_name(st), msg, v ? "a" : "no");
+    cr_assert(strstr(msg, "SYMM_BACKEND") && strstr(msg, value) && strstr(msg, "native or nccl"),
+              "rank %d: the message should name SYMM_BACKEND, its value %s and list \"native or nccl\": %s",
+              t.c.rank, value, msg);
+
+    /* A retry starts clean: the default is native again. */
+    unsetenv("SYMM_BACKEND");
+    vt_open(&t, &o);
+    cr_assert(symm_variant_backend(t.v) == SYMM_BACKEND_NATIVE, "rank %d: without SYMM_BACKEND the backend is "
+              "%d, expected native (%d)", t.c.rank, (int)symm_variant_backend(t.v), (int)SYMM_BACKEND_NATIVE);
+    good_call(&t, 0);
+    vt_close(&t);
+    vt_finish(&t);
+}
+
+/* ---- 5. many calls in a row -------------------------------------------------------------- */
+
+#define STRESS_CALLS 200
+
+Test(variant, back_to_back_calls_without_host_sync_stay_in_step)
+{
+    vt t;
+    vt_setup(&t, "stress", LAYOUT_RANK_ANY, 0);
+    symm_variant_options o = native_options();
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    /* Two input sets in turn, so that a call that saw the previous call's
+     * data would show; one y, whose rows both sets' references agree on. */
+    vcase *k[2];
+    dev_in b[2];
+    for (int i = 0; i < 2; i++) {
+        int tokens[MAX_W];
+        random_tokens(&t, tokens, (unsigned long long)i);
+        k[i] = case_build(d, rng_for(t.seed, 5, (unsigned long long)i), t.seed + 7, tokens);
+        dev_in_alloc(d, &b[i]);
+        dev_in_upload(&t, k[i], &b[i]);
+    }
+    const int me = t.c.rank;
+    CUdeviceptr y = y_alloc(d);
+    y_upload(&t, k[k[0]->y_rows[me] >= k[1]->y_rows[me] ? 0 : 1], y);
+    /* Each call's combine writes its own slice of out, so every call is checked. */
+    const size_t slice = (size_t)d->max_tokens * y_row(d);
+    CUdeviceptr out = dalloc(STRESS_CALLS * slice);
+    poison(&t, out, STRESS_CALLS * slice);
+
+    symm_dispatch_args a[2] = {good_args(d, &b[0], k[0]->in[me].tokens, false),
+                               good_args(d, &b[1], k[1]->in[me].tokens, false)};
+    for (int i = 0; i < STRESS_CALLS; i++) {
+        EXPECT_OK(symm_variant_dispatch(t.v, &a[i % 2], t.stream));
+        EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)(out + (size_t)i * slice), t.stream));
+    }
+    const int last = (STRESS_CALLS - 1) % 2;
+    expect_results(&t, k[last], out + (size_t)(STRESS_CALLS - 1) * slice, STRESS_CALLS, false);
+    for (int i = 0; i < STRESS_CALLS - 1; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "combine out of call %d of %d", i + 1, STRESS_CALLS);
+        expect_out(&t, k[i % 2], out + (size_t)i * slice, what);
+    }
+
+    for (int i = 0; i < 2; i++) {
+        dev_in_free(&b[i]);
+        case_free(k[i]);
+    }
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    vt_close(&t);
+    vt_finish(&t);
+}
+
+/* ---- 6. where the results live ------------------------------------------------------------- */
+
+/* p must be set exactly when the variant has the buffer; a symmetric one must
+ * lie wholly in a live symmetric allocation, a local one in device memory. */
+static void expect_buffer(const vt *t, const char *what, CUdeviceptr p, bool has, bool symmetric, size_t bytes)
+{
+    if (!has) {
+        cr_assert(p == 0, "rank %d: %s: recv.%s is 0x%llx, expected 0 (the variant has no such buffer)", t->c.rank,
+                  t->name, what, (unsigned long long)p);
+        return;
+    }
+    cr_assert(p != 0, "rank %d: %s: recv.%s is 0, expected a device pointer", t->c.rank, t->name, what);
+    if (symmetric) {
+        symm_alloc *owner;
+        size_t offset;
+        symm_status st = symm_alloc_find(p, bytes, &owner, &offset);
+        cr_assert(st == SYMM_OK, "rank %d: %s: recv.%s (%zu bytes) is not inside a symmetric allocation: %s",
+                  t->c.rank, t->name, what, bytes, symm_last_error());
+        return;
+    }
+    CUdeviceptr base;
+    size_t size;
+    CU_OK(cuMemGetAddressRange(&base, &size, p));
+    cr_assert(p + bytes <= base + size, "rank %d: %s: recv.%s needs %zu bytes, its allocation ends %llu bytes "
+              "after it", t->c.rank, t->name, what, bytes, (unsigned long long)(base + size - p));
+}
+
+static void expect_recv_pointers(const vt *t)
+{
+    const symm_variant_desc *d = t->d;
+    const size_t cap = (size_t)d->capacity, K = (size_t)d->topk, L = (size_t)(d->experts / d->world);
+    const bool rank = d->layout == SYMM_LAYOUT_RANK, fp8 = d->dtype == SYMM_DTYPE_FP8_E4M3;
+    symm_recv_buffers rb;
+    memset(&rb, POISON, sizeof rb);
+    EXPECT_OK(symm_variant_recv(t->v, &rb));
+    expect_buffer(t, "x", rb.x, true, true, cap * x_row(d));
+    expect_buffer(t, "scales", rb.scales, fp8, true, cap * scales_row(d));
+    expect_buffer(t, "src", rb.src, true, true, cap * 16);
+    expect_buffer(t, "topk_idx", rb.topk_idx, rank, true, cap * K * 4);
+    expect_buffer(t, "weights", rb.weights, d->weights, true, cap * (rank ? K : 1) * 4);
+    expect_buffer(t, "expert_count", rb.expert_count, true, false, L * 4);
+    expect_buffer(t, "expert_offset", rb.expert_offset, !rank, false, L * 4);
+    expect_buffer(t, "rows", rb.rows, true, false, 4);
+    symm_status st = symm_variant_recv(t->v, NULL);
+    cr_assert(st == SYMM_ERR_INVALID_ARG, "rank %d: symm_variant_recv(v, NULL) gave %s, expected "
+              "SYMM_ERR_INVALID_ARG", t->c.rank, symm_status_name(st));
+}
+
+Test(variant, recv_buffers_are_set_exactly_where_the_variant_has_them)
+{
+    vt t;
+    vt_setup(&t, "recv-ptrs", ANY, 0);
+    /* One variant per (layout, fp8, weights) that the manifest has. */
+    int tried = 0;
+    for (int layout = 0; layout < 2; layout++)
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            for (int weights = 0; weights < 2; weights++) {
+                if (!pick_variant(t.manifest, t.c.ranks, (want){layout, weights, fp8, 0}, t.name, sizeof t.name,
+                                  NULL))
+                    continue;
+                symm_variant_options o = native_options();
+                vt_open(&t, &o);
+                expect_recv_pointers(&t);
+                vt_close(&t);
+                tried++;
+            }
+    cr_assert(tried >= 2, "rank %d: only %d kinds of variant of world %d in %s", t.c.rank, tried, t.c.ranks,
+              t.manifest);
+    vt_finish(&t);
+}
+
+/* ---- 7. the world's size -------------------------------------------------------------------- */
+
+Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
+{
+    vt t;
+    vt_setup(&t, "world-size", ANY, 0);
+    char other[64];
+    int other_world = 0;
+    if (!pick_variant(t.manifest, t.c.ranks, (want){-1, -1, -1, 1}, other, sizeof other, &other_world)) {
+        printf("skipped: %s has no variant for another world than %d\n", t.manifest, t.c.ranks);
+        fflush(stdout);
+        vt_finish(&t);
+        cr_skip_test("no variant of another world size");
+    }
+    /* Rank 0 alone: a collective inside would leave it out of step with the
+     * others, and the good variant below would fail. */
+    if (t.c.rank == 0) {
+        symm_variant *v = (symm_variant *)&v;
+        symm_variant_options o = native_options();
+        symm_status st = symm_variant_open(t.c.world, t.manifest, other, &o, &v);
+        char msg[1024], a[32], b[32];
+        snprintf(msg, sizeof msg, "%s", symm_last_error());
+        snprintf(a, sizeof a, "world %d", other_world);
+        snprintf(b, sizeof b, "%d ranks", t.c.ranks);
+        cr_assert(st == SYMM_ERR_INVALID_ARG && v == NULL,
+                  "rank 0: opening %s (world %d) on a world of %d: %s (%s), expected SYMM_ERR_INVALID_ARG and no "
+                  "variant", other, other_world, t.c.ranks, symm_status_name(st), msg);
+        cr_assert(strstr(msg, a) && strstr(msg, b), "rank 0: the message should say \"%s\" and \"%s\": %s", a, b,
+                  msg);
+    }
+    symm_variant_options o = native_options();
+    vt_open(&t, &o);
+    good_call(&t, 0);
+    vt_close(&t);
+    vt_finish(&t);
+}
