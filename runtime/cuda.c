@@ -33,17 +33,19 @@ static void load_driver(void)
         return;
     }
     CUdriverProcAddressQueryResult found;
-#define SYMM_CUDA_FN(name)                                                         \
-    if (get_proc(#name, (void **)&api.name, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, \
+#define SYMM_CUDA_FN_AT(name, version)                                             \
+    if (get_proc(#name, (void **)&api.name, version, CU_GET_PROC_ADDRESS_DEFAULT,  \
                  &found) != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS ||   \
         !api.name) {                                                               \
         snprintf(load_message, sizeof load_message,                               \
                  "the GPU driver lacks %s at CUDA %d.%d (update the driver)", #name, \
-                 CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);                   \
+                 (version) / 1000, (version) % 1000 / 10);                         \
         return;                                                                    \
     }
+#define SYMM_CUDA_FN(name) SYMM_CUDA_FN_AT(name, CUDA_VERSION)
 #include "cuda_syms.h"
 #undef SYMM_CUDA_FN
+#undef SYMM_CUDA_FN_AT
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
         const char *name = "?";

@@ -13,8 +13,10 @@
 
 typedef struct symm_cuda_api {
 #define SYMM_CUDA_FN(name) __typeof__(&name) name;
+#define SYMM_CUDA_FN_AT(name, version) __typeof__(&name) name;
 #include "cuda_syms.h"
 #undef SYMM_CUDA_FN
+#undef SYMM_CUDA_FN_AT
 } symm_cuda_api;
 
 /* The driver's functions, loaded once per process (thread-safe) and cuInit'ed.

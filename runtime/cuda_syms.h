@@ -1,6 +1,14 @@
 /* cuda_syms.h: every CUDA driver function the runtime calls, one line each.
- * Included by cuda_api.h with SYMM_CUDA_FN defined; add a line here to use a
- * new function through symm_cu(). */
+ * Included by cuda_api.h and cuda.c with SYMM_CUDA_FN and SYMM_CUDA_FN_AT
+ * defined; add a line here to use a new function through SYMM_CU().
+ *
+ * SYMM_CUDA_FN(name) resolves the ABI of the cuda.h we compile against.
+ * SYMM_CUDA_FN_AT(name, version) pins an older ABI where cuda.h still
+ * declares it while the driver's newest one differs: CUDA 13.0's
+ * cuCtxSynchronize and cuCtxGetDevice take a context argument at 13000
+ * (cudaTypedefs.h: PFN_cuCtxSynchronize_v13000), but cuda.h declares the
+ * 2000 forms. Calling the 13000 function through the 2000 prototype passes
+ * garbage as the context (seen: CUDA_ERROR_CONTEXT_IS_DESTROYED). */
 SYMM_CUDA_FN(cuInit)
 SYMM_CUDA_FN(cuDriverGetVersion)
 SYMM_CUDA_FN(cuGetErrorName)
@@ -15,8 +23,8 @@ SYMM_CUDA_FN(cuDevicePrimaryCtxRetain)
 SYMM_CUDA_FN(cuDevicePrimaryCtxRelease)
 SYMM_CUDA_FN(cuCtxSetCurrent)
 SYMM_CUDA_FN(cuCtxGetCurrent)
-SYMM_CUDA_FN(cuCtxGetDevice)
-SYMM_CUDA_FN(cuCtxSynchronize)
+SYMM_CUDA_FN_AT(cuCtxGetDevice, 2000)
+SYMM_CUDA_FN_AT(cuCtxSynchronize, 2000)
 SYMM_CUDA_FN(cuMemGetInfo)
 SYMM_CUDA_FN(cuMemAlloc)
 SYMM_CUDA_FN(cuMemFree)
