@@ -265,7 +265,16 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_dispatch: variant is NULL");
     SYMM_TRY(check_dispatch(v, args));
     if (v->backend == SYMM_BACKEND_NCCL)
-        return symm_variant_nccl_dispatch(v, args, stream);
+        SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "dispatch"));
+    if (v->awaiting_combine)
+        return symm_fail(SYMM_ERR_STATE,
+                         "%s dispatch: the previous dispatch has not been combined: every dispatch "
+                         "must be followed by its combine before the next dispatch", v->desc->name);
+    if (v->backend == SYMM_BACKEND_NCCL) {
+        symm_status st = symm_variant_nccl_dispatch(v, args, stream);
+        v->awaiting_combine = st == SYMM_OK;
+        return st;
+    }
     kernel_args k;
     base_args(v, &k);
     k.x = (CUdeviceptr)args->x;
@@ -274,8 +283,10 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
     k.topk_weights = (CUdeviceptr)args->topk_weights;
     k.tokens_dev = (CUdeviceptr)args->tokens_dev;
     k.tokens = args->tokens;
-    return launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
-                  "dispatch: launch of symm_dispatch");
+    SYMM_TRY(launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
+                    "dispatch: launch of symm_dispatch"));
+    v->awaiting_combine = true;
+    return SYMM_OK;
 }
 
 symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUstream stream)
@@ -289,12 +300,25 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s %p: expected 16-byte alignment", name,
                          misaligned(y, 16) ? "y" : "out", misaligned(y, 16) ? y : out);
     if (v->backend == SYMM_BACKEND_NCCL)
-        return symm_variant_nccl_combine(v, y, out, stream);
-    kernel_args k;
-    base_args(v, &k);
-    k.y = (CUdeviceptr)y;
-    k.out = (CUdeviceptr)out;
-    return launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, &k, stream, "combine: launch of symm_combine");
+        SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
+    if (!v->awaiting_combine)
+        return symm_fail(SYMM_ERR_STATE,
+                         "%s combine: no dispatch to combine: every combine follows exactly one dispatch",
+                         name);
+    symm_status st;
+    if (v->backend == SYMM_BACKEND_NCCL) {
+        st = symm_variant_nccl_combine(v, y, out, stream);
+    } else {
+        kernel_args k;
+        base_args(v, &k);
+        k.y = (CUdeviceptr)y;
+        k.out = (CUdeviceptr)out;
+        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
+                    "combine: launch of symm_combine");
+    }
+    if (st == SYMM_OK)
+        v->awaiting_combine = false;
+    return st;
 }
 
 symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stream)

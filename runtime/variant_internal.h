@@ -32,6 +32,7 @@ struct symm_variant {
     CUmodule module;
     CUfunction fn_dispatch, fn_combine;             /* native backend */
     CUfunction fn_gather, fn_scatter, fn_reduce;    /* NCCL backend */
+    bool awaiting_combine;     /* a dispatch was issued; its combine was not */
     double jit_ms;
     bool jit_cache_hit;
     struct symm_variant_nccl *nccl; /* NCCL backend state, or NULL */
@@ -43,6 +44,8 @@ struct symm_variant {
 
 /* NCCL backend (variant_nccl.c). */
 symm_status symm_variant_nccl_setup(symm_variant *v);
+/* SYMM_ERR_STATE when stream is capturing (the NCCL backend waits on the host). */
+symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream stream, const char *op);
 void symm_variant_nccl_release(symm_variant *v);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);

@@ -140,7 +140,7 @@ void symm_variant_nccl_release(symm_variant *v)
     v->nccl = NULL;
 }
 
-static symm_status refuse_capture(const symm_variant *v, CUstream stream, const char *op)
+symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream stream, const char *op)
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
@@ -499,7 +499,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
 
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream)
 {
-    SYMM_TRY(refuse_capture(v, stream, "dispatch"));
+    SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "dispatch"));
     symm_status st = dispatch_steps(v, args, stream);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s dispatch (NCCL backend): ", v->desc->name);
@@ -508,7 +508,7 @@ symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args
 
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream)
 {
-    SYMM_TRY(refuse_capture(v, stream, "combine"));
+    SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
     const symm_variant_desc *d = v->desc;
     struct symm_variant_nccl *n = v->nccl;
     const symm_nccl_api *nc = n->api;

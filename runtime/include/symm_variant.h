@@ -6,7 +6,9 @@
  * functions of the stub (<name>_create, <name>_dispatch, ...) call these.
  *
  * Calls on one variant are stream-ordered and must be issued in the same order
- * on every rank. Dispatch and combine never allocate, compile or wait on the
+ * on every rank, alternating: every dispatch is followed by exactly one
+ * combine before the next dispatch (SYMM_ERR_STATE otherwise; in a CUDA graph
+ * the captured sequence must alternate the same way). Dispatch and combine never allocate, compile or wait on the
  * host (native backend), so both can be captured in a CUDA graph. Results of a
  * dispatch stay valid until the next dispatch on the same variant. */
 #ifndef SYMM_VARIANT_H

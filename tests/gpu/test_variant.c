@@ -1218,3 +1218,41 @@ Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
     vt_close(&t);
     vt_finish(&t);
 }
+
+/* Dispatch and combine alternate: a second dispatch before the combine, or a
+ * combine with no dispatch, is refused on the host (nothing queued), and the
+ * variant stays in step for the right call. */
+Test(variant, dispatch_and_combine_must_alternate)
+{
+    vt t;
+    vt_setup(&t, "alternate", LAYOUT_EXPERT_ANY, 0);
+    symm_variant_options o = native_options();
+    vt_open(&t, &o);
+    const symm_variant_desc *d = t.d;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 0);
+    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
+    dev_in b;
+    dev_in_alloc(d, &b);
+    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(&t, k, &b);
+    y_upload(&t, k, y);
+    poison(&t, out, (size_t)d->max_tokens * y_row(d));
+    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], false);
+
+    symm_status st = symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream);
+    cr_assert(st == SYMM_ERR_STATE && strstr(symm_last_error(), "no dispatch to combine"),
+              "rank %d: combine before any dispatch: %s (%s)", t.c.rank, symm_status_name(st), symm_last_error());
+    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
+    st = symm_variant_dispatch(t.v, &a, t.stream);
+    cr_assert(st == SYMM_ERR_STATE && strstr(symm_last_error(), "has not been combined"),
+              "rank %d: second dispatch: %s (%s)", t.c.rank, symm_status_name(st), symm_last_error());
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
+    expect_results(&t, k, out, 1, false);
+    dev_in_free(&b);
+    CU_OK(cuMemFree(y));
+    CU_OK(cuMemFree(out));
+    case_free(k);
+    vt_close(&t);
+    vt_finish(&t);
+}

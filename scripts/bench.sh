@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# bench.sh: what `make bench` runs on a GPU host. Generates specs/bench.lua,
+# measures the JIT on a full variant (bench/jit_bench.c: NVRTC cold compile,
+# warm process, cache miss, cache hit), then runs bench/moe_bench through
+# symmrun on 2 GPUs, one rank per GPU: our native backend, our NCCL backend,
+# raw NCCL and the copy-engine ceiling, side by side.
+#
+# Results go to bench/out/ (or $BENCH_OUT), three files so that a lent
+# device machine (at most 8 files come back from $OUT) brings them all back:
+#   bench.log         the machine, the JIT measurement and moe_bench's output
+#   moe_bench.csv     one line per row (columns: bench/RESULTS.md)
+#   results-entry.md  the tables with the date, the machine and the commit,
+#                     appended to bench/RESULTS.md
+# plus the PNG plots where gnuplot exists (elsewhere it prints the command that
+# makes them later). With $OUT set (a lent device machine) RESULTS.md is left
+# alone (append results-entry.md where you commit), and the three files are
+# copied to $OUT unless BENCH_OUT already puts them there.
+#
+# usage: SYMM_BUILD_DIR=build scripts/bench.sh [moe_bench options, e.g. --groups a,b]
+# environment:
+#   SYMM_BUILD_DIR  the build directory (bin/symmgen, bin/symmrun, bench/*); default build
+#   BENCH_OUT       where the results go (default bench/out)
+#   BENCH_GPUS      device ordinals of the 2 ranks (default 0,1)
+#   BENCH_MACHINE   the machine, for RESULTS.md (default: the GPUs nvidia-smi names)
+#   BENCH_COMMIT    the commit, for RESULTS.md (default: git rev-parse --short HEAD)
+#   BENCH_TIMEOUT   seconds moe_bench may run (default 360)
+#   BENCH_RESULTS   file the entry is appended to (default bench/RESULTS.md, or none
+#                   when $OUT is set); "none": append nowhere
+#   SYMM_CACHE_DIR  JIT cache of moe_bench (default $SYMM_BUILD_DIR/jit-cache)
+# Without a GPU it says "skipped: no GPU" and exits 0, like `make test-gpu`.
+# Exit status: moe_bench's (0 all rows correct, 1 some row FAIL, 2 could not
+# run), or 1 when a step before it failed.
+set -uo pipefail
+build=${SYMM_BUILD_DIR:-build}
+outdir=${BENCH_OUT:-bench/out}
+limit=${BENCH_TIMEOUT:-360}
+gen=out/bench
+spec=specs/bench.lua
+note() { echo "bench: $*"; }
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    note "skipped: no GPU (run \`make bench\` on a host with 2 NVLink-connected GPUs)"
+    exit 0
+fi
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$ngpu" -lt 2 ]; then
+    note "needs 2 GPUs (one rank per GPU; ranks sharing a GPU are time-sliced), found $ngpu"
+    exit 1
+fi
+for bin in bin/symmgen bin/symmrun bench/moe_bench bench/jit_bench; do
+    if [ ! -x "$build/$bin" ]; then
+        note "$build/$bin is missing: build first (make BUILD=$build gpu-build), or set SYMM_BUILD_DIR"
+        exit 1
+    fi
+done
+mkdir -p "$outdir" || exit 1
+log=$outdir/bench.log
+csv=$outdir/moe_bench.csv
+entry=$outdir/results-entry.md
+tables=$(mktemp /tmp/moe_bench-tables.XXXXXX) || exit 1
+jitlog=$(mktemp /tmp/moe_bench-jit.XXXXXX) || exit 1
+trap 'rm -f "$tables" "$jitlog"' EXIT
+rm -f "$csv" "$entry"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
+
+# The machine and the commit, for the record.
+machine=${BENCH_MACHINE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c |
+    awk '{n=$1; $1=""; sub(/^ /, ""); printf "%s%d x %s", (NR > 1 ? ", " : ""), n, $0}')}
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
+commit=${BENCH_COMMIT:-}
+if [ -z "$commit" ]; then
+    commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown (set BENCH_COMMIT)")
+    if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+        commit="$commit+dirty"
+    fi
+fi
+{
+    echo "machine: $machine, driver $driver, commit $commit"
+    nvidia-smi -L
+    nvidia-smi topo -m 2>/dev/null
+} > "$log"
+
+note "generating $spec into $gen" | tee -a "$log"
+if ! "$build/bin/symmgen" -q -o "$gen" "$spec" 2>&1 | tee -a "$log"; then
+    note "symmgen failed on $spec" | tee -a "$log"
+    exit 1
+fi
+
+# JIT of the full prefill variant with the NVRTC options the runtime uses
+# (SYMM_NVRTC_DEFAULT_OPTIONS); jit_bench uses temporary caches of its own.
+note "JIT: bench/jit_bench on $gen/bench_dsv3_prefill.cu" | tee -a "$log"
+"$build/bench/jit_bench" "$gen/bench_dsv3_prefill.cu" --iters 3 -- -std=c++17 -default-device \
+    2>&1 | tee "$jitlog" | tee -a "$log"
+jit_rc=${PIPESTATUS[0]}
+
+gpus=${BENCH_GPUS:-0,1}
+note "moe_bench on GPUs $gpus (at most $limit s)" | tee -a "$log"
+timeout -k 10 "$limit" "$build/bin/symmrun" -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
+    --manifest "$gen/manifest.json" --csv "$csv" --markdown "$tables" "$@" 2>&1 | tee -a "$log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 124 ] && note "moe_bench ran out of time (BENCH_TIMEOUT=$limit s)" | tee -a "$log"
+
+if [ -s "$csv" ]; then
+    if command -v gnuplot >/dev/null 2>&1; then
+        gnuplot -e "csv='$csv'" bench/plot.gp || note "gnuplot failed"
+    else
+        note "no gnuplot here; make the plots later on a machine with gnuplot:"
+        note "  gnuplot -e \"csv='$csv'\" bench/plot.gp"
+    fi
+fi
+
+# The entry for bench/RESULTS.md: when, where, which commit, the tables.
+{
+    echo "### $(date -u '+%Y-%m-%d %H:%M UTC'): $machine (driver $driver), commit $commit"
+    echo
+    echo "\`scripts/bench.sh $*\`: moe_bench exit status $rc$([ "$rc" -eq 0 ] || echo ' (see the FAIL rows and bench.log)')."
+    echo
+    if [ -s "$tables" ]; then
+        cat "$tables"
+    else
+        echo "No tables: moe_bench did not finish. The last lines of its log:"
+        echo
+        echo '```'
+        tail -n 15 "$log"
+        echo '```'
+    fi
+    echo
+    echo "JIT of bench_dsv3_prefill.cu (bench/jit_bench, exit status $jit_rc):"
+    echo
+    echo '```'
+    cat "$jitlog"
+    echo '```'
+    echo
+} > "$entry"
+results=${BENCH_RESULTS:-}
+if [ -z "$results" ]; then
+    results=bench/RESULTS.md
+    [ -n "${OUT:-}" ] && results=none
+fi
+if [ "$results" != none ]; then
+    cat "$entry" >> "$results" && note "appended the results to $results"
+fi
+if [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]; then
+    cp "$log" "$csv" "$entry" "$OUT"/ 2>/dev/null
+    note "bench.log, moe_bench.csv and results-entry.md copied to \$OUT"
+fi
+[ -n "${OUT:-}" ] && note "append results-entry.md to bench/RESULTS.md where you commit"
+note "results in $outdir (moe_bench exit status $rc)"
+[ "$jit_rc" -eq 0 ] || { [ "$rc" -eq 0 ] && rc=1; }
+exit "$rc"

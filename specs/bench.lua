@@ -1,0 +1,50 @@
+-- bench.lua: the variants `make bench` measures (bench/moe_bench.c runs them
+-- on 2 GPUs, one rank per GPU, beside the NCCL backend, raw NCCL and the
+-- copy-engine ceiling).
+--
+-- The rows of the benchmark (bench/moe_bench.c, table "matrix") name these
+-- variants; a name changed here must change there.
+--   (a) prefill   bench_dsv3_prefill          DeepSeek-V3 shape, T = 4096
+--   (b) decode    bench_dsv3_decode           the same, T = 128
+--   (c)           bench_qwen3_prefill/decode  hidden 4096, 128 experts, top-8
+--   (d)           bench_dsv3_prefill          (a) with Zipf-skewed routing
+--   (e) sweep     bench_dsv3_sweep            T = 128 .. 8192 (max_tokens 8192)
+--   (f) SMs       bench_dsv3_prefill_smsN     (a) at sms 8, 16, 32, 48, 64
+--                                             (24 is (a) itself)
+--   (g) expert    bench_dsv3_*_expert         (a) and (b) with layout expert
+--
+-- Everything is bf16 dispatch and combine with top-k weights and the
+-- worst-case capacity (no routing can overflow), world 2, sms 24 unless
+-- said otherwise.
+
+local PREFILL, DECODE, SWEEP = 4096, 128, 8192
+
+-- DeepSeek-V3: hidden_size 7168, n_routed_experts 256, num_experts_per_tok 8.
+local dsv3 = { hidden = 7168, experts = 256, topk = 8 }
+-- Qwen3-235B-A22B: hidden_size 4096, num_experts 128, num_experts_per_tok 8.
+local qwen3 = { hidden = 4096, experts = 128, topk = 8 }
+
+-- One variant: a model shape plus the fields that make it different.
+local function bench(name, shape, fields)
+  local v = { name = name, world = 2, dtype = "bf16", sms = 24 }
+  for k, x in pairs(shape) do v[k] = x end
+  for k, x in pairs(fields) do v[k] = x end
+  return v
+end
+
+layout(bench("bench_dsv3_prefill", dsv3, { max_tokens = PREFILL }))
+layout(bench("bench_dsv3_decode", dsv3, { max_tokens = DECODE }))
+layout(bench("bench_qwen3_prefill", qwen3, { max_tokens = PREFILL }))
+layout(bench("bench_qwen3_decode", qwen3, { max_tokens = DECODE }))
+
+-- One variant serves every T of the sweep: T is an argument of each call.
+layout(bench("bench_dsv3_sweep", dsv3, { max_tokens = SWEEP }))
+
+for _, sms in ipairs({ 8, 16, 32, 48, 64 }) do
+  layout(bench("bench_dsv3_prefill_sms" .. sms, dsv3, { max_tokens = PREFILL, sms = sms }))
+end
+
+-- layout expert, segments unaligned (align 1) so that only the layout
+-- differs from (a) and (b).
+layout(bench("bench_dsv3_prefill_expert", dsv3, { max_tokens = PREFILL, layout = "expert" }))
+layout(bench("bench_dsv3_decode_expert", dsv3, { max_tokens = DECODE, layout = "expert" }))
