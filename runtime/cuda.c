@@ -2,6 +2,7 @@
  * uses (cuda_syms.h) through cuGetProcAddress, at the ABI of the cuda.h we
  * compile against. */
 #include <dlfcn.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,25 @@ static symm_cuda_api api;
 static symm_status load_status = SYMM_ERR_NO_GPU;
 static char load_message[1024];
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+
+/* Every function of cuda_syms.h: the name cuGetProcAddress takes (stringified
+ * here, before cuda.h's macros such as cuMemAlloc -> cuMemAlloc_v2 rename it),
+ * the ABI version asked for, and where the pointer goes. */
+static const struct {
+    const char *name;
+    int version;
+    size_t offset;
+} symbols[] = {
+#define SYMM_CUDA_FN(name) {#name, CUDA_VERSION, offsetof(symm_cuda_api, name)},
+#define SYMM_CUDA_FN_AT(name, version) {#name, version, offsetof(symm_cuda_api, name)},
+#include "cuda_syms.h"
+#undef SYMM_CUDA_FN
+#undef SYMM_CUDA_FN_AT
+};
+
+size_t symm_cuda_symbol_count(void) { return SYMM_ARRAY_LEN(symbols); }
+
+const char *symm_cuda_symbol_name(size_t i) { return i < SYMM_ARRAY_LEN(symbols) ? symbols[i].name : NULL; }
 
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
@@ -32,20 +52,18 @@ static void load_driver(void)
                  CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);
         return;
     }
-    CUdriverProcAddressQueryResult found;
-#define SYMM_CUDA_FN_AT(name, version)                                             \
-    if (get_proc(#name, (void **)&api.name, version, CU_GET_PROC_ADDRESS_DEFAULT,  \
-                 &found) != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS ||   \
-        !api.name) {                                                               \
-        snprintf(load_message, sizeof load_message,                               \
-                 "the GPU driver lacks %s at CUDA %d.%d (update the driver)", #name, \
-                 (version) / 1000, (version) % 1000 / 10);                         \
-        return;                                                                    \
+    for (size_t i = 0; i < SYMM_ARRAY_LEN(symbols); i++) {
+        void **slot = (void **)((char *)&api + symbols[i].offset);
+        CUdriverProcAddressQueryResult found;
+        if (get_proc(symbols[i].name, slot, symbols[i].version, CU_GET_PROC_ADDRESS_DEFAULT, &found) !=
+                CUDA_SUCCESS ||
+            found != CU_GET_PROC_ADDRESS_SUCCESS || !*slot) {
+            snprintf(load_message, sizeof load_message,
+                     "the GPU driver lacks %s at CUDA %d.%d (update the driver)", symbols[i].name,
+                     symbols[i].version / 1000, symbols[i].version % 1000 / 10);
+            return;
+        }
     }
-#define SYMM_CUDA_FN(name) SYMM_CUDA_FN_AT(name, CUDA_VERSION)
-#include "cuda_syms.h"
-#undef SYMM_CUDA_FN
-#undef SYMM_CUDA_FN_AT
     CUresult r = api.cuInit(0);
     if (r != CUDA_SUCCESS) {
         const char *name = "?";

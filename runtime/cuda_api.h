@@ -23,6 +23,11 @@ typedef struct symm_cuda_api {
  * SYMM_ERR_NO_GPU with a message when libcuda.so.1 is missing or cuInit fails. */
 symm_status symm_cuda(const symm_cuda_api **out);
 
+/* The driver functions resolved, by the names given to cuGetProcAddress
+ * (for tests: they must be base names, never cuMemAlloc_v2). */
+size_t symm_cuda_symbol_count(void);
+const char *symm_cuda_symbol_name(size_t i);
+
 /* Turn a CUresult into a status: SYMM_OK, or SYMM_ERR_CUDA (SYMM_ERR_NOMEM
  * for CUDA_ERROR_OUT_OF_MEMORY) with the message
  * "<what>: CUDA_ERROR_NAME (description)". */
