@@ -785,3 +785,43 @@ Test(cli, separate_d_argument_with_unknown_field_suggests_the_field)
     cr_assert(strstr(r.err, "did you mean \"hidden\""), "stderr: %s", r.err);
     result_free(&r);
 }
+
+/* Every variant of every spec we ship NVRTC-compiles for sm_90a (NVRTC needs
+ * no GPU). --check --compile writes nothing. Under the sanitizers, where NVRTC
+ * runs several times slower, one spec stands for all: the plain build of the
+ * same CI run compiles them all. */
+Test(cli, every_variant_of_every_spec_in_specs_compiles, .timeout = 1200)
+{
+    char dir[PATH_MAX + 16];
+    FMT(dir, "%s/specs", repo);
+    DIR *d = opendir(dir);
+    cr_assert(d, "opendir %s", dir);
+    int specs = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".lua") != 0)
+            continue;
+#if defined(__SANITIZE_ADDRESS__)
+        if (strcmp(e->d_name, "worlds.lua") != 0)
+            continue;
+#endif
+        char spec[PATH_MAX + 300];
+        FMT(spec, "%s/%s", dir, e->d_name);
+        result list = RUN("--list", spec);
+        cr_assert_eq(list.status, 0, "%s: %s", e->d_name, list.err);
+        int variants = 0;
+        for (const char *p = list.out; (p = strchr(p, '\n')); p++)
+            variants++;
+        result r = RUN("--check", "--compile", spec);
+        cr_assert_eq(r.status, 0, "%s: status %d: %s", e->d_name, r.status, r.err);
+        char total[64];
+        FMT(total, "compiled %d variants for sm_90a in ", variants);
+        cr_assert(variants > 0 && strstr(r.err, total), "%s: %s", e->d_name, r.err);
+        printf("symmgen --check --compile %s: %d variants in %.0f ms\n", e->d_name, variants, r.ms);
+        result_free(&r);
+        result_free(&list);
+        specs++;
+    }
+    closedir(d);
+    cr_assert(specs >= 1);
+}
