@@ -74,6 +74,9 @@ BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all deps run test test-gpu bench install clean check-cuda gpu-build
 .DEFAULT_GOAL := all
+# Keep the objects of test binaries (intermediate files of pattern rules) so
+# that a second `make test` rebuilds nothing.
+.SECONDARY:
 
 all: $(SYMMGEN) $(SYMMRUN) $(LIBSYMM_A) $(LIBSYMM_SO)
 

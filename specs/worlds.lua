@@ -13,3 +13,14 @@ for _, w in ipairs({ 3, 5, 8 }) do
   layout { name = "fp32_expert" .. s, hidden = 256, topk = 8, experts = 16 * w, world = w,
            max_tokens = 50, dtype = "fp32", layout = "expert", weights = false, sms = 8 }
 end
+
+-- The largest topk the spec allows, with the world small enough that every
+-- destination of a token is sure to repeat ranks (layout rank) and many
+-- segments per rank (layout expert).
+for _, w in ipairs({ 2, 3 }) do
+  local s = "_w" .. w
+  layout { name = "bf16_rank_k16" .. s, hidden = 512, topk = 16, experts = 16 * w, world = w,
+           max_tokens = 64, sms = 8 }
+  layout { name = "fp16_expert_k16" .. s, hidden = 256, topk = 16, experts = 32 * w, world = w,
+           max_tokens = 48, dtype = "fp16", layout = "expert", align = 8, sms = 8 }
+end
