@@ -477,13 +477,14 @@ typedef struct options {
     bool quick;
     int graph_replays;
     int time_iters;
+    long long max_elems; /* skip variants with max_tokens * hidden above this (0: none) */
     uint64_t seed;
 } options;
 
 static void usage(void)
 {
     fprintf(stderr, "usage: check --manifest PATH [--variant NAME]... [--backend native|nccl] [--quick] "
-                    "[--graph-replays N] [--time N] [--seed S]\n");
+                    "[--graph-replays N] [--time N] [--max-elems N] [--seed S]\n");
     exit(2);
 }
 
@@ -511,6 +512,8 @@ static void parse(int argc, char **argv, options *o)
             o->quick = true;
         else if (!strcmp(a, "--graph-replays") && next)
             o->graph_replays = atoi(argv[++i]);
+        else if (!strcmp(a, "--max-elems") && next)
+            o->max_elems = strtoll(argv[++i], NULL, 0);
         else if (!strcmp(a, "--time") && next)
             o->time_iters = atoi(argv[++i]);
         else if (!strcmp(a, "--seed") && next)
@@ -735,7 +738,7 @@ int main(int argc, char **argv)
     symm_manifest *m;
     if ((st = symm_manifest_open(o.manifest, &m)) != SYMM_OK)
         die("symm_manifest_open", st);
-    int passed = 0, failed = 0, skipped = 0;
+    int passed = 0, failed = 0, skipped = 0, too_large = 0;
     for (size_t i = 0; i < symm_manifest_count(m); i++) {
         const char *name = symm_manifest_name(m, i);
         if (!wanted(&o, name))
@@ -745,6 +748,13 @@ int main(int argc, char **argv)
             die("symm_manifest_variant", st);
         if (d->world != symm_world_size(w)) {
             skipped++;
+            continue;
+        }
+        if (o.max_elems && (long long)d->max_tokens * d->hidden > o.max_elems) {
+            if (g_rank == 0)
+                printf("skip %-28s max_tokens x hidden = %lld > --max-elems %lld\n", name,
+                       (long long)d->max_tokens * d->hidden, o.max_elems);
+            too_large++;
             continue;
         }
         struct timespec t0, t1;
@@ -762,8 +772,9 @@ int main(int argc, char **argv)
     }
     symm_manifest_close(m);
     if (g_rank == 0)
-        printf("check (world %d, seed 0x%" PRIx64 ", %d variants of other worlds skipped): %d passed, %d failed\n",
-               symm_world_size(w), o.seed, skipped, passed, failed);
+        printf("check (world %d, seed 0x%" PRIx64 ", %d variants of other worlds and %d too large skipped): "
+               "%d passed, %d failed\n",
+               symm_world_size(w), o.seed, skipped, too_large, passed, failed);
     symm_world_destroy(w);
     return failed ? 1 : 0;
 }
