@@ -166,8 +166,13 @@ static int check_combination(const options *o)
 /* out/<spec file name without .lua>, or -o. */
 static char *target_dir(const options *o, const char *spec)
 {
-    if (o->out_dir)
-        return strdup(o->out_dir);
+    if (o->out_dir) {
+        /* "-o out/x/" names out/x: the swap works on the name, not the slash. */
+        char *dir = strdup(o->out_dir);
+        for (size_t n = dir ? strlen(dir) : 0; n > 1 && dir[n - 1] == '/'; n--)
+            dir[n - 1] = '\0';
+        return dir;
+    }
     const char *base = strrchr(spec, '/');
     base = base ? base + 1 : spec;
     size_t n = strlen(base);
@@ -188,7 +193,9 @@ static int check_targets(const options *o, char **targets)
         }
         const char *base = strrchr(targets[i], '/');
         if (strcmp(base ? base + 1 : targets[i], "") == 0 || strcmp(base ? base + 1 : targets[i], ".") == 0)
-            return usage_error("%s: cannot name an output directory after this spec; use -o", o->specs[i]);
+            return o->out_dir ? usage_error("-o %s: expected a directory with a name", o->out_dir)
+                              : usage_error("%s: cannot name an output directory after this spec; use -o",
+                                            o->specs[i]);
         for (size_t j = 0; j < i; j++)
             if (strcmp(targets[i], targets[j]) == 0) {
                 fprintf(stderr, "symmgen: %s and %s would both write %s: rename one, or run symmgen "

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -538,6 +539,21 @@ static void spec_hook(lua_State *L, lua_Debug *ar)
     lua_error(L);
 }
 
+/* Work done in a C loop, where the count hook cannot see it, is charged to
+ * the same budget as instructions. */
+static void charge(lua_State *L, double work)
+{
+    spec_run *run = run_of(L);
+    if (!run->too_long && work <= (double)(SPEC_MAX_INSTRUCTIONS - run->instructions)) {
+        run->instructions += (long long)work;
+        return;
+    }
+    run->too_long = true;
+    lua_sethook(L, spec_hook, LUA_MASKCOUNT, 1);
+    lua_pushliteral(L, "spec ran too long");
+    lua_error(L);
+}
+
 /* The innermost Lua function at or above level. */
 static bool lua_position(lua_State *L, int level, lua_Debug *ar)
 {
@@ -629,7 +645,10 @@ static int spec_layout(lua_State *L)
         run->vars = grown;
         run->cap_vars = cap;
     }
-    raw_variant *v = &run->vars[run->n_vars++];
+    /* Reading a field may run __index or a finalizer that calls layout
+     * again and moves run->vars: the slot is found by index every time. */
+    size_t slot = run->n_vars++;
+    raw_variant *v = &run->vars[slot];
     memset(v, 0, sizeof *v);
     lua_Debug ar;
     if (lua_position(L, 1, &ar)) {
@@ -639,13 +658,14 @@ static int spec_layout(lua_State *L)
     lua_settop(L, 1);
     lua_pushnil(L);
     while (lua_next(L, 1) != 0) {
-        if (record_stray_key(L, v) != 0)
+        if (record_stray_key(L, &run->vars[slot]) != 0)
             return luaL_error(L, "layout: out of memory");
         lua_pop(L, 1);
     }
     /* Fields are read through __index, so a table may inherit them. */
     for (int f = 0; f < F_COUNT; f++) {
-        if (lua_getfield(L, 1, field_names[f]) != LUA_TNIL && copy_value(L, -1, &v->field[f]) != 0)
+        if (lua_getfield(L, 1, field_names[f]) != LUA_TNIL &&
+            copy_value(L, -1, &run->vars[slot].field[f]) != 0)
             return luaL_error(L, "layout: out of memory");
         lua_pop(L, 1);
     }
@@ -818,6 +838,96 @@ static int guarded_pattern(lua_State *L)
     return lua_gettop(L);
 }
 
+/* An integer argument, or fallback when it is absent or not an integer
+ * (the library function then reports it). */
+static lua_Integer int_arg(lua_State *L, int idx, lua_Integer fallback)
+{
+    int ok;
+    lua_Integer n = lua_tointegerx(L, idx, &ok);
+    return ok ? n : fallback;
+}
+
+/* Elements a table.* call walks in C. With a __len, or an __index and
+ * __newindex that are C functions, a tiny table can claim 2^62 of them and
+ * the loop runs for years without one instruction; without a metatable the
+ * elements are real, so memory bounds the loop (table.move excepted: nils
+ * cost nothing). #t is taken only where the call takes it too (__len runs
+ * once more than it would unguarded). */
+static double table_work(lua_State *L, const char *fn)
+{
+    if (strcmp(fn, "move") == 0)
+        return (double)int_arg(L, 3, 0) - (double)int_arg(L, 2, 1) + 1.0;
+    if (strcmp(fn, "concat") == 0 && !lua_isnoneornil(L, 4))
+        return (double)int_arg(L, 4, 0) - (double)int_arg(L, 3, 1) + 1.0;
+    bool with_pos = strcmp(fn, "insert") == 0 ? lua_gettop(L) == 3 : !lua_isnoneornil(L, 2);
+    if ((strcmp(fn, "insert") == 0 || strcmp(fn, "remove") == 0) && !with_pos)
+        return 0; /* at the end: one element */
+    if (!lua_getmetatable(L, 1))
+        return 0;
+    lua_pop(L, 1);
+    double n = (double)luaL_len(L, 1);
+    if (strcmp(fn, "sort") == 0)
+        return n > 0 ? n * (log2(n) + 1.0) : 0;
+    if (strcmp(fn, "concat") == 0)
+        return n - (double)int_arg(L, 3, 1) + 1.0;
+    return n - (double)int_arg(L, 2, 1) + 1.0;
+}
+
+/* table.move/insert/remove/sort/concat: charges the C loop (upvalue 1: the
+ * library function, 2: its name). */
+static int guarded_table(lua_State *L)
+{
+    const char *fn = lua_tostring(L, lua_upvalueindex(2));
+    int top = lua_gettop(L);
+    double work = table_work(L, fn);
+    if (work > 0)
+        charge(L, work);
+    lua_settop(L, top);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* string.rep of an empty string and separator loops n times in C to build
+ * "": answered here instead. */
+static int guarded_rep(lua_State *L)
+{
+    size_t len = 1, sep_len = 0;
+    if (lua_type(L, 1) == LUA_TSTRING)
+        lua_tolstring(L, 1, &len);
+    if (lua_type(L, 3) == LUA_TSTRING)
+        lua_tolstring(L, 3, &sep_len);
+    else if (!lua_isnoneornil(L, 3))
+        sep_len = 1;
+    if (len == 0 && sep_len == 0 && lua_isinteger(L, 2)) {
+        lua_pushliteral(L, "");
+        return 1;
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+/* setmetatable without __gc: Lua runs finalizers with hooks off, so a
+ * finalizer's loop would escape the instruction limit (upvalue 1: the base
+ * library's setmetatable). */
+static int guarded_setmetatable(lua_State *L)
+{
+    if (lua_type(L, 2) == LUA_TTABLE) {
+        lua_pushliteral(L, "__gc");
+        if (lua_rawget(L, 2) != LUA_TNIL)
+            return luaL_error(L, "setmetatable: a spec cannot use __gc (finalizers run outside "
+                              "the spec's instruction limit)");
+        lua_pop(L, 1);
+    }
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
 /* Opens a library and leaves a copy of its table on top, without leave_out. */
 static void copy_library(lua_State *L, const char *name, lua_CFunction open, const char *leave_out)
 {
@@ -846,6 +956,9 @@ static void sandbox_string(lua_State *L)
         lua_pushcclosure(L, guarded_pattern, 2);
         lua_setfield(L, -2, matchers[i]);
     }
+    lua_getfield(L, -1, "rep");
+    lua_pushcclosure(L, guarded_rep, 1);
+    lua_setfield(L, -2, "rep");
     /* ("").dump must not reach the real string table either. */
     lua_pushliteral(L, "");
     lua_getmetatable(L, -1);
@@ -871,8 +984,18 @@ static void build_env(lua_State *L, spec_run *run)
     }
     sandbox_string(L);
     lua_setfield(L, env, "string");
+    static const char *const looping[] = { "move", "insert", "remove", "sort", "concat" };
     copy_library(L, LUA_TABLIBNAME, luaopen_table, NULL);
+    for (size_t i = 0; i < sizeof looping / sizeof looping[0]; i++) {
+        lua_getfield(L, -1, looping[i]);
+        lua_pushstring(L, looping[i]);
+        lua_pushcclosure(L, guarded_table, 2);
+        lua_setfield(L, -2, looping[i]);
+    }
     lua_setfield(L, env, "table");
+    lua_getfield(L, env - 1, "setmetatable");
+    lua_pushcclosure(L, guarded_setmetatable, 1);
+    lua_setfield(L, env, "setmetatable");
     copy_library(L, LUA_MATHLIBNAME, luaopen_math, NULL);
     /* Same spec, same numbers: generation is deterministic. */
     lua_getfield(L, -1, "randomseed");
@@ -1135,11 +1258,17 @@ static bool check_name(check *c, const raw_variant *first_use, char *name)
         got_expected(c, F_NAME, "a name that is not a C or C++ keyword");
         return false;
     }
+    /* The runtime's names (symm_variant.h, symm_world_create, ...) would be
+     * shadowed or defined twice by the generated files. */
+    if (strncasecmp(v->s, "symm_", 5) == 0) {
+        got_expected(c, F_NAME, "a name that does not start with symm_ (the runtime's prefix)");
+        return false;
+    }
     if (first_use) {
         if (first_use->source == c->rv->source)
-            got_expected(c, F_NAME, "a name not used before (line %d has it)", first_use->line);
+            got_expected(c, F_NAME, "a name not used before, ignoring case (line %d has it)", first_use->line);
         else
-            got_expected(c, F_NAME, "a name not used before (%s:%d has it)",
+            got_expected(c, F_NAME, "a name not used before, ignoring case (%s:%d has it)",
                          c->run->sources[first_use->source], first_use->line);
         return false;
     }
@@ -1339,7 +1468,7 @@ static int cmp_by_name(const void *a, const void *b, void *vars)
 {
     const raw_variant *rv = vars;
     size_t ia = *(const size_t *)a, ib = *(const size_t *)b;
-    int d = strcmp(rv[ia].field[F_NAME].s, rv[ib].field[F_NAME].s);
+    int d = strcasecmp(rv[ia].field[F_NAME].s, rv[ib].field[F_NAME].s);
     return d ? d : (ia > ib) - (ia < ib);
 }
 
@@ -1354,7 +1483,9 @@ static int find_first_uses(const spec_run *run, const raw_variant **first)
     qsort_r(order, n, sizeof *order, cmp_by_name, run->vars);
     for (size_t i = 1; i < n; i++) {
         const raw_variant *prev = &run->vars[order[i - 1]], *cur = &run->vars[order[i]];
-        if (strcmp(prev->field[F_NAME].s, cur->field[F_NAME].s) == 0)
+        /* Names differing only in case share include guards and macros
+         * (NAME_UPPER) and collide on case-insensitive file systems. */
+        if (strcasecmp(prev->field[F_NAME].s, cur->field[F_NAME].s) == 0)
             first[order[i]] = first[order[i - 1]] ? first[order[i - 1]] : prev;
     }
     free(order);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda_api.h"
+#include "heap_internal.h"
 #include "symm_heap.h"
 #include "symm_jit.h"
 #include "symm_variant.h"
@@ -15,6 +16,8 @@
 
 /* Threads per block of the kernels (templates/variant.cu.in). */
 #define COPY_THREADS 512
+/* The longest device wait, as for the world's SYMM_TIMEOUT. */
+#define MAX_TIMEOUT_S 1e6
 
 /* Mirrors of the template's Args and State. */
 typedef struct kernel_args {
@@ -147,9 +150,12 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: %s is NULL", world ? "out" : "world");
     *out = NULL;
     SYMM_TRY(check_desc(desc, symm_world_size(world)));
-    if (opts && opts->timeout_s < 0)
-        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: timeout_s %g: expected >= 0 (0: the world's)",
-                         opts->timeout_s);
+    /* Refuse NaN and values whose nanoseconds do not fit timeout_ns (the
+     * conversion would be undefined); the bound is the world's. */
+    if (opts && !(opts->timeout_s >= 0 && opts->timeout_s <= MAX_TIMEOUT_S))
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: timeout_s %g: expected 0..%g seconds (0: the world's)",
+                         opts->timeout_s, MAX_TIMEOUT_S);
     symm_variant *v = calloc(1, sizeof *v);
     if (!v)
         return symm_fail(SYMM_ERR_NOMEM, "symm_variant_create: out of host memory");
@@ -167,12 +173,17 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
         st = symm_device_open(world, &v->dev);
     if (st == SYMM_OK)
         st = symm_alloc_create(world, v->dev, desc->symmetric_bytes, 0, &v->alloc);
-    if (st == SYMM_OK)
-        st = symm_cuda_check(cu->cuMemAlloc(&v->scratch, desc->scratch_bytes), "cuMemAlloc(scratch)");
-    if (st == SYMM_OK)
-        st = symm_cuda_check(cu->cuMemsetD8(v->scratch, 0, desc->scratch_bytes), "cuMemsetD8(scratch)");
-    if (st == SYMM_OK)
-        st = load_kernels(v, opts);
+    /* The local steps may fail on one rank only: every rank learns of it
+     * (symm_agree) before anyone goes on, so all fail, and release, together. */
+    if (st == SYMM_OK) {
+        symm_status local =
+            symm_cuda_check(cu->cuMemAlloc(&v->scratch, desc->scratch_bytes), "cuMemAlloc(scratch)");
+        if (local == SYMM_OK)
+            local = symm_cuda_check(cu->cuMemsetD8(v->scratch, 0, desc->scratch_bytes), "cuMemsetD8(scratch)");
+        if (local == SYMM_OK)
+            local = load_kernels(v, opts);
+        st = symm_agree(world, local, "symm_variant_create: setting up the variant");
+    }
     if (st == SYMM_OK && v->backend == SYMM_BACKEND_NCCL)
         st = symm_variant_nccl_setup(v);
     /* Every rank must have succeeded before anyone uses the variant. */

@@ -17,6 +17,7 @@
 
 #include "cuda_api.h"
 #include "nccl_api.h"
+#include "heap_internal.h"
 #include "symm_nccl.h"
 #include "variant_internal.h"
 
@@ -66,15 +67,25 @@ static symm_status dev_alloc(const symm_cuda_api *cu, CUdeviceptr *out, size_t b
     return symm_cuda_check(cu->cuMemAlloc(out, bytes ? bytes : 16), "cuMemAlloc (NCCL backend)");
 }
 
+static symm_status nccl_buffers(symm_variant *v);
+
 symm_status symm_variant_nccl_setup(symm_variant *v)
 {
+    /* The allocations are local; the communicator is collective: every rank
+     * learns whether all allocations succeeded before it is made. */
+    struct symm_variant_nccl *n = calloc(1, sizeof *n);
+    v->nccl = n;
+    symm_status local = n ? nccl_buffers(v) : symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
+    SYMM_TRY(symm_agree(v->world, local, "NCCL backend: allocating buffers"));
+    return symm_nccl_create(v->world, v->dev, &n->comm);
+}
+
+static symm_status nccl_buffers(symm_variant *v)
+{
+    struct symm_variant_nccl *n = v->nccl;
     const symm_variant_desc *d = v->desc;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    struct symm_variant_nccl *n = calloc(1, sizeof *n);
-    if (!n)
-        return symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
-    v->nccl = n;
     SYMM_TRY(symm_nccl_load(&n->api));
     const int W = d->world, K = d->topk, L = d->experts / d->world;
     const size_t T = (size_t)d->max_tokens, H = (size_t)d->hidden;
@@ -110,7 +121,7 @@ symm_status symm_variant_nccl_setup(symm_variant *v)
     SYMM_TRY(dev_alloc(cu, &n->d_send_topk, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_send_weights, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_stage, S * crow));
-    return symm_nccl_create(v->world, v->dev, &n->comm);
+    return SYMM_OK;
 }
 
 void symm_variant_nccl_release(symm_variant *v)

@@ -336,6 +336,8 @@ static symm_status root_rendezvous(symm_world *w, const symm_wenv *env)
     struct pollfd *pfd = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *pfd);
     int *who = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *who);
     symm_status st = SYMM_OK;
+    if (z)
+        z->l.fd = -1; /* nothing to close until root_listen binds */
     if (!z || !pfd || !who)
         st = symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
     if (st == SYMM_OK) {

@@ -597,6 +597,29 @@ Test(cli, write_error_exits_1_naming_the_file_and_keeps_the_output)
     sg_buf_free(&after);
 }
 
+/* "-o dir/" is a directory, as with every other tool; "-o /" is not one. */
+Test(cli, output_with_trailing_slashes_writes_that_directory)
+{
+    int n = rnd_in(1, 4), slashes = rnd_in(1, 3);
+    write_spec("s.lua", "v", n);
+    char dir[64];
+    FMT(dir, "gen%d/x%.*s", rnd_in(0, 9999), slashes, "///");
+    result r = RUN("-q", "-o", dir, "s.lua");
+    cr_assert_eq(r.status, 0, "-o %s: %s", dir, r.err);
+    result_free(&r);
+    char rel[128];
+    FMT(rel, "%.*s/v%d.cu", (int)(strlen(dir) - (size_t)slashes), dir, n - 1);
+    cr_assert(exists_at(rel), "-o %s wrote no %s", dir, rel);
+    r = RUN("-q", "-o", dir, "s.lua");
+    cr_assert_eq(r.status, 0, "regenerating into -o %s: %s", dir, r.err);
+    result_free(&r);
+
+    r = RUN("-o", "/", "s.lua");
+    cr_assert_eq(r.status, 2, "-o /: %s", r.err);
+    cr_assert_not_null(strstr(r.err, "-o /: expected a directory with a name"), "%s", r.err);
+    result_free(&r);
+}
+
 Test(cli, several_specs_each_get_their_directory)
 {
     int na = rnd_in(1, 3), nb = rnd_in(1, 3);

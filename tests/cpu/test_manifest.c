@@ -8,6 +8,7 @@
 #include <criterion/parameterized.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1203,4 +1204,46 @@ Test(manifest, variant_open_checks_the_manifest_before_the_gpu, .timeout = 30)
                    t.bad_manifest, "field topk: got 0");
     symm_world_destroy(w);
     wf_rmtree(t.dir);
+}
+
+/* A device timeout that is NaN, negative or too long for int64 nanoseconds is
+ * refused before any GPU work (it used to reach the device, or worse, be
+ * converted to timeout_ns with undefined behaviour). */
+Test(manifest, variant_create_refuses_a_timeout_out_of_range)
+{
+    uint64_t rng = fresh_seed();
+    char dir[128];
+    wf_tempdir(dir, sizeof dir);
+    symm_world_config cfg = {.size = 1, .job_id = "solo-timeout", .socket_dir = dir};
+    symm_world *w;
+    cr_assert_eq(symm_world_create(&cfg, &w), SYMM_OK, "%s", symm_last_error());
+    symm_manifest *m;
+    const symm_variant_desc *d;
+    cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
+    cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &d), SYMM_OK, "%s", symm_last_error());
+    symm_variant_desc solo = *d; /* passes the world-size check of a world of one */
+    solo.world = 1;
+    const double bad[] = {
+        NAN,
+        INFINITY,
+        -INFINITY,
+        -(double)(1 + below(&rng, 1000)) / 8,
+        1e6 + (double)(1 + below(&rng, 1000000)),
+        1e10 * (double)(1 + below(&rng, 1000)), /* its nanoseconds overflow int64 */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        symm_variant_options opts = {.backend = SYMM_BACKEND_NATIVE, .timeout_s = bad[i]};
+        symm_variant *v = (symm_variant *)1;
+        symm_status st = symm_variant_create(w, &solo, &opts, &v);
+        cr_assert_eq(st, SYMM_ERR_INVALID_ARG, "timeout_s %g: got %s (%s), expected SYMM_ERR_INVALID_ARG", bad[i],
+                     symm_status_name(st), symm_last_error());
+        cr_assert(strstr(symm_last_error(), "symm_variant_create: timeout_s") &&
+                      strstr(symm_last_error(), "expected 0..1e+06 seconds"),
+                  "timeout_s %g: the message should name timeout_s and the accepted range: %s", bad[i],
+                  symm_last_error());
+        cr_assert_null(v, "timeout_s %g: a refused create left a variant behind", bad[i]);
+    }
+    symm_manifest_close(m);
+    symm_world_destroy(w);
+    wf_rmtree(dir);
 }

@@ -6,6 +6,7 @@
  * Each test writes its specs into a fresh temporary directory; shapes and
  * line numbers are random, so nothing below is a constant answer. */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <errno.h>
 #include <ftw.h>
 #include <stdarg.h>
@@ -582,7 +583,7 @@ Test(spec, duplicate_name_names_both_lines)
     const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s }%slayout { %s }\n", padding(),
                                   fields(&a), fields(&b), blank, fields(&c));
     cr_assert(load(path) == -1);
-    expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name not used before (line %d has it)",
+    expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name not used before, ignoring case (line %d has it)",
                    path, pad_lines + 2 + gap, a.name, a.name, pad_lines + 1);
     expect_count(1);
 }
@@ -1081,6 +1082,88 @@ Test(spec, costly_pattern_is_refused_and_cheap_one_works)
     cr_assert(load(path) == 0, "a cheap pattern must work:\n%s", messages());
 }
 
+/* Loops that run in C see no count hook: each is charged to the budget. */
+Test(spec, c_library_loops_stop_with_too_long)
+{
+    static const char *const bombs[] = {
+        "table.move({}, 1, 1 << %u, 2)\n",
+        "table.insert(setmetatable({}, { __len = function() return 1 << %u end }), 1, 5)\n",
+        "table.remove(setmetatable({}, { __len = function() return 1 << %u end }), 1)\n",
+        "table.concat(setmetatable({}, { __index = table.concat }), \"\", 1, 1 << %u)\n",
+        "table.sort(setmetatable({}, { __index = rawlen, __newindex = rawequal,\n"
+        "  __len = function() return (1 << %u) - 2 end }))\n",
+    };
+    for (size_t i = 0; i < sizeof bombs / sizeof bombs[0]; i++) {
+        shape s = random_shape();
+        char code[512];
+        snprintf(code, sizeof code, bombs[i], i == 4 ? rnd(28, 31) : rnd(40, 62));
+        const char *path = write_file("spec.lua", "%s%slayout { %s }\n", padding(), code, fields(&s));
+        time_t start = time(NULL);
+        cr_assert(load(path) == -1, "%s must stop", code);
+        expect_message("%s: " TOO_LONG, path);
+        expect_count(1);
+        cr_expect(time(NULL) - start < 10, "%s took %lld s", code, (long long)(time(NULL) - start));
+    }
+}
+
+Test(spec, library_loops_of_real_tables_still_work)
+{
+    shape s = random_shape();
+    unsigned n = rnd(20000, 60000), k = rnd(3, 9);
+    const char *path = write_file("spec.lua",
+        "local t = {}\n"
+        "for i = 1, %u do table.insert(t, (i * 7919) %% %u) end\n"
+        "for i = 1, 100 do table.insert(t, 1, i); table.remove(t, 1) end\n"
+        "local u = table.move(t, 1, #t, 1, {})\n"
+        "table.sort(setmetatable(u, {}))\n"
+        "assert(u[1] <= u[#u] and #table.concat(u, \",\") > 0)\n"
+        "assert(string.rep(\"\", 1 << 62) == \"\" and string.rep(\"\", 1 << 62, \"\") == \"\")\n"
+        "assert(string.rep(\"ab\", %u, \"-\") == \"ab\" .. string.rep(\"-ab\", %u))\n"
+        "layout { %s }\n", n, n, k, k - 1, fields(&s));
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+}
+
+/* Lua runs finalizers with hooks off: an endless __gc would never stop. */
+Test(spec, finalizers_are_refused)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua",
+        "%slayout { %s }\n"
+        "setmetatable({}, { __gc = function() while true do end end })\n", padding(), fields(&s));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: setmetatable: a spec cannot use __gc (finalizers run outside the spec's "
+                   "instruction limit)", path, pad_lines + 2);
+    expect_count(1);
+}
+
+/* A field read through __index may declare more variants (and move the
+ * array that holds the one being read). */
+Test(spec, index_that_declares_variants_keeps_the_outer_one)
+{
+    shape s = random_shape();
+    unsigned before = rnd(1, 40), inner = rnd(20, 80);
+    const char *path = write_file("spec.lua",
+        "for i = 1, %u do layout { %s, name = \"a\" .. i } end\n"
+        "local base, done = { %s }, false\n"
+        "%slayout(setmetatable({}, { __index = function(_, key)\n"
+        "  if key == \"world\" and not done then\n"
+        "    done = true\n"
+        "    for j = 1, %u do layout { %s, name = \"b\" .. j } end\n"
+        "  end\n"
+        "  return base[key]\n"
+        "end }))\n", before, fields_except(&s, "name"), fields(&s), padding(), inner,
+        fields_except(&s, "name"));
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_assert(spec.count == before + inner + 1, "%zu variants, expected %u", spec.count, before + inner + 1);
+    const sg_variant *v = &spec.variants[before];
+    cr_expect(strcmp(v->name, s.name) == 0 && v->hidden == s.hidden && v->topk == s.topk &&
+              v->experts == s.experts && v->world == s.world && v->max_tokens == s.max_tokens &&
+              v->line == pad_lines + 3,
+              "outer variant: %s hidden %d topk %d experts %d world %d max_tokens %d line %d",
+              v->name, v->hidden, v->topk, v->experts, v->world, v->max_tokens, v->line);
+    cr_expect(strcmp(spec.variants[before + 1].name, "b1") == 0, "inner variants follow the outer one");
+}
+
 /* ---------------------------------------------------------------------- */
 /* Overrides */
 
@@ -1235,4 +1318,35 @@ Test(diag, keeps_every_message_in_order, .init = seed)
     }
     sg_diag_free(&d);
     cr_expect(d.count == 0 && d.messages == NULL);
+}
+
+/* Names differing only in case would share include guards and macros
+ * (NAME_UPPER) and files on case-insensitive file systems. */
+Test(spec, names_differing_only_in_case_are_duplicates)
+{
+    shape a = random_shape(), b = random_shape();
+    strcpy(b.name, a.name);
+    for (char *p = b.name; *p; p++)
+        *p = (char)toupper((unsigned char)*p);
+    const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s }\n", padding(), fields(&a), fields(&b));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name not used before, ignoring case (line %d has it)",
+                   path, pad_lines + 2, b.name, b.name, pad_lines + 1);
+    expect_count(1);
+}
+
+/* The runtime's prefix: "symm_variant" would make symm_variant.h include
+ * itself and define functions the runtime defines. */
+Test(spec, names_with_the_runtime_prefix_are_refused)
+{
+    shape a = random_shape();
+    char name[sizeof a.name + 8];
+    snprintf(name, sizeof name, "%s_%s", rnd(0, 1) ? "symm" : "SYMM", a.name);
+    cr_assert(strlen(name) < sizeof a.name, "random name too long: %s", name);
+    strcpy(a.name, name);
+    const char *path = write_file("spec.lua", "%slayout { %s }\n", padding(), fields(&a));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name that does not start with symm_ "
+                   "(the runtime's prefix)", path, pad_lines + 1, name, name);
+    expect_count(1);
 }
