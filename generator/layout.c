@@ -69,11 +69,16 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     place(out, SYMM_REGION_RECV_WEIGHTS, "recv_weights",
           v->weights ? (rank ? cap * K * 4 : cap * 4) : 0, true);
     place(out, SYMM_REGION_COMBINE_IN, "combine_in", (rank ? W * T : T * K) * H * celt, true);
+    /* One 8-byte flag per COMBINE_IN slot: the call whose row has landed in
+     * it (combine sums each token as soon as its rows are in). */
+    place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", (rank ? W * T : T * K) * 8, true);
 
     place(out, SYMM_REGION_STATE, "state", SG_STATE_BYTES, false);
     place(out, SYMM_REGION_EXPERT_COUNT, "expert_count", L * 4, false);
     place(out, SYMM_REGION_EXPERT_OFFSET, "expert_offset", L * 4, false);
-    place(out, SYMM_REGION_TOKEN_ROUTE, "token_route", T * (rank ? W : K) * 4, false);
+    /* Layout rank: [max_tokens][world] rows at each rank. Layout expert:
+     * [max_tokens][topk] rows, then [max_tokens][topk] the rank of each. */
+    place(out, SYMM_REGION_TOKEN_ROUTE, "token_route", T * (rank ? W : 2 * K) * 4, false);
     place(out, SYMM_REGION_TOKEN_WEIGHTS, "token_weights", (!rank && v->weights) ? T * K * 4 : 0, false);
     /* Dispatch keeps per-warp counters of every bin in shared memory when the
      * 16 warps' worth fit in 32 KiB, else here (templates/variant.cu.in

@@ -76,6 +76,7 @@ static const char *const region_names[SYMM_REGION_COUNT] = {
     [SYMM_REGION_TOKEN_ROUTE] = "TOKEN_ROUTE",
     [SYMM_REGION_TOKEN_WEIGHTS] = "TOKEN_WEIGHTS",
     [SYMM_REGION_LAYOUT_WORK] = "LAYOUT_WORK",
+    [SYMM_REGION_COMBINE_FLAGS] = "COMBINE_FLAGS",
 };
 
 /* Append to a growing string. */

@@ -15,7 +15,7 @@ struct symm_variant_nccl;
 typedef struct device_state {
     uint64_t seq;
     int32_t tokens, recv_rows, invalid, dropped_send, dropped_recv, clamped;
-    int32_t err_code, err_peer, err_phase, pad0;
+    int32_t err_code, err_peer, err_phase, combine_next;
     uint64_t err_seq;
 } device_state;
 _Static_assert(sizeof(device_state) == 56, "device_state mirrors State in variant.cu.in");

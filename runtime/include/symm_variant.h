@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* Version of symm_variant_desc; a stub built for another version is refused. */
-#define SYMM_DESC_ABI 1
+#define SYMM_DESC_ABI 2
 
 typedef struct symm_region_desc {
     uint64_t offset; /* from the start of the symmetric buffer or of the scratch */

@@ -139,7 +139,8 @@ static void expect_regions(const symm_variant_desc *d, const want_region *want, 
     }
     for (int id = 0; id < SYMM_REGION_COUNT; id++) {
         const symm_region_desc *r = &d->regions[id];
-        cr_assert_eq(r->symmetric, id < SYMM_REGION_STATE, "%s: region %d: symmetric %d", d->name, id, r->symmetric);
+        const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS;
+        cr_assert_eq(r->symmetric, symmetric, "%s: region %d: symmetric %d", d->name, id, r->symmetric);
         if (!listed[id])
             cr_assert(r->offset == 0 && r->bytes == 0, "%s: region %d is not listed, expected it empty", d->name, id);
     }
@@ -181,14 +182,14 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     cr_assert(d->hidden == 256 && d->topk == 2 && d->experts == 8 && d->world == 2 && d->max_tokens == 16);
     cr_assert(d->dtype == SYMM_DTYPE_BF16 && d->combine_dtype == SYMM_DTYPE_BF16 && d->layout == SYMM_LAYOUT_RANK);
     cr_assert(d->weights == 1 && d->align == 1 && d->sms == 24 && d->capacity == 32 && d->worst_capacity == 32);
-    cr_assert(d->symmetric_bytes == 34816 && d->scratch_bytes == 1024);
+    cr_assert(d->symmetric_bytes == 35072 && d->scratch_bytes == 1024);
     static const want_region rank_regions[] = {
         {SYMM_REGION_SIGNALS, 0, 768},         {SYMM_REGION_COUNTS, 768, 32},
         {SYMM_REGION_RECV_X, 1024, 16384},     {SYMM_REGION_RECV_SRC, 17408, 512},
         {SYMM_REGION_RECV_TOPK, 17920, 256},   {SYMM_REGION_RECV_WEIGHTS, 18176, 256},
         {SYMM_REGION_COMBINE_IN, 18432, 16384}, {SYMM_REGION_STATE, 0, 256},
         {SYMM_REGION_EXPERT_COUNT, 256, 16},   {SYMM_REGION_EXPERT_OFFSET, 512, 16},
-        {SYMM_REGION_TOKEN_ROUTE, 768, 128},
+        {SYMM_REGION_TOKEN_ROUTE, 768, 128},   {SYMM_REGION_COMBINE_FLAGS, 34816, 256},
     };
     expect_regions(d, rank_regions, SYMM_ARRAY_LEN(rank_regions));
     expect_source(d, FIXTURE_DIR "/tiny_rank.cu", RANK_SHA);
@@ -201,14 +202,15 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     cr_assert(d->dtype == SYMM_DTYPE_FP8_E4M3 && d->combine_dtype == SYMM_DTYPE_FP16 &&
               d->layout == SYMM_LAYOUT_EXPERT);
     cr_assert(d->weights == 1 && d->align == 4 && d->sms == 8 && d->capacity == 40 && d->worst_capacity == 70);
-    cr_assert(d->symmetric_bytes == 29952 && d->scratch_bytes == 1280);
+    cr_assert(d->symmetric_bytes == 30208 && d->scratch_bytes == 1280);
     static const want_region expert_regions[] = {
         {SYMM_REGION_SIGNALS, 0, 1536},         {SYMM_REGION_COUNTS, 1536, 256},
         {SYMM_REGION_RECV_X, 1792, 10240},      {SYMM_REGION_RECV_SCALES, 12032, 320},
         {SYMM_REGION_RECV_SRC, 12544, 640},     {SYMM_REGION_RECV_WEIGHTS, 13312, 160},
         {SYMM_REGION_COMBINE_IN, 13568, 16384}, {SYMM_REGION_STATE, 0, 256},
         {SYMM_REGION_EXPERT_COUNT, 256, 8},     {SYMM_REGION_EXPERT_OFFSET, 512, 8},
-        {SYMM_REGION_TOKEN_ROUTE, 768, 128},    {SYMM_REGION_TOKEN_WEIGHTS, 1024, 128},
+        {SYMM_REGION_TOKEN_ROUTE, 768, 256},    {SYMM_REGION_TOKEN_WEIGHTS, 1024, 128},
+        {SYMM_REGION_COMBINE_FLAGS, 29952, 256},
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
@@ -523,8 +525,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"max_tokens\": 16", "\"max_tokens\": 184467440737095516160",
          "variant tiny_rank: field max_tokens: got 184467440737095516160, expected an integer 1..1048576"},
         {"\"topk\": 2", "\"topk\": 0", "variant tiny_rank: field topk: got 0, expected an integer 1..65536"},
-        {"\"symmetric_bytes\": 34816", "\"symmetric_bytes\": -34816",
-         "variant tiny_rank: field symmetric_bytes: got -34816, expected an integer >= 1"},
+        {"\"symmetric_bytes\": 35072", "\"symmetric_bytes\": -35072",
+         "variant tiny_rank: field symmetric_bytes: got -35072, expected an integer >= 1"},
         {"\"dtype\": \"bf16\"", "\"dtype\": \"bf17\"",
          "variant tiny_rank: field dtype: got \"bf17\", expected bf16, fp16, fp32 or fp8_e4m3"},
         {"\"combine_dtype\": \"bf16\"", "\"combine_dtype\": \"fp8_e4m3\"",
@@ -540,9 +542,11 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"worst_capacity\": 32", "\"worst_capacity\": 33",
          "variant tiny_rank: field worst_capacity: got 33, expected 32 (world * max_tokens)"},
         {"\"capacity\": 32", "\"capacity\": 40", "variant tiny_rank: field capacity: got 40, expected 1..32 (at most worst_capacity)"},
+        {"\"offset\": 34816, \"bytes\": 256", "\"offset\": 34816, \"bytes\": 257",
+         "variant tiny_rank: field regions[11]: got combine_flags at offset 34816 with 257 bytes, expected it to end "
+         "within the symmetric buffer (symmetric_bytes 35072)"},
         {"\"offset\": 18432, \"bytes\": 16384", "\"offset\": 18432, \"bytes\": 16385",
-         "variant tiny_rank: field regions[6]: got combine_in at offset 18432 with 16385 bytes, expected it to end "
-         "within the symmetric buffer (symmetric_bytes 34816)"},
+         "variant tiny_rank: field regions: combine_in [18432, 34817) overlaps combine_flags [34816, 35072)"},
         {"\"offset\": 768, \"bytes\": 128", "\"offset\": 1000, \"bytes\": 128",
          "variant tiny_rank: field regions[10]: got token_route at offset 1000 with 128 bytes, expected it to end "
          "within the local scratch (scratch_bytes 1024)"},
@@ -1041,7 +1045,7 @@ static const char *const region_enum[SYMM_REGION_COUNT] = {
     "SYMM_REGION_RECV_SCALES",  "SYMM_REGION_RECV_SRC",      "SYMM_REGION_RECV_TOPK",
     "SYMM_REGION_RECV_WEIGHTS", "SYMM_REGION_COMBINE_IN",    "SYMM_REGION_STATE",
     "SYMM_REGION_EXPERT_COUNT", "SYMM_REGION_EXPERT_OFFSET", "SYMM_REGION_TOKEN_ROUTE",
-    "SYMM_REGION_TOKEN_WEIGHTS", "SYMM_REGION_LAYOUT_WORK",
+    "SYMM_REGION_TOKEN_WEIGHTS", "SYMM_REGION_LAYOUT_WORK", "SYMM_REGION_COMBINE_FLAGS",
 };
 
 static void expect_in_stub(const char *stub, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
