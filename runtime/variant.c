@@ -107,11 +107,28 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     if (v->backend != SYMM_BACKEND_NATIVE)
         return SYMM_OK;
 
+    /* symm_dispatch stages rows in dynamic shared memory; the kernel says how
+     * much (a module without the symbol needs none). */
+    CUdeviceptr smem_sym = 0;
+    size_t smem_sym_bytes = 0;
+    if (cu->cuModuleGetGlobal(&smem_sym, &smem_sym_bytes, v->module, "symm_dispatch_smem") == CUDA_SUCCESS &&
+        smem_sym_bytes == sizeof(int)) {
+        int smem = 0;
+        SYMM_CU(cu, cuMemcpyDtoH(&smem, smem_sym, sizeof smem));
+        if (smem < 0)
+            return symm_fail(SYMM_ERR_UNSUPPORTED, "symm_variant_create: variant %s: symm_dispatch_smem = %d: expected >= 0 (regenerate the variant)",
+                             v->desc->name, smem);
+        v->dispatch_smem = (unsigned)smem;
+        if (smem > 0)
+            SYMM_CU(cu, cuFuncSetAttribute(v->fn_dispatch, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+    }
+
     const int sms = symm_device_sm_count(v->dev);
     CUfunction waiting[2] = {v->fn_dispatch, v->fn_combine};
+    const size_t dynamic_smem[2] = {v->dispatch_smem, 0};
     for (int i = 0; i < 2; i++) {
         int per_sm = 0;
-        SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, 0));
+        SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, dynamic_smem[i]));
         if ((int64_t)per_sm * sms < v->desc->sms)
             return symm_fail(SYMM_ERR_UNSUPPORTED,
                              "symm_variant_create: variant %s: sms = %d blocks cannot all be resident "
@@ -258,13 +275,13 @@ static void base_args(const symm_variant *v, kernel_args *k)
     k->timeout_ns = v->timeout_ns;
 }
 
-static symm_status launch(const symm_variant *v, CUfunction fn, unsigned blocks, unsigned threads,
+static symm_status launch(const symm_variant *v, CUfunction fn, unsigned blocks, unsigned threads, unsigned smem,
                           kernel_args *k, CUstream stream, const char *what)
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
     void *params[] = {k};
-    symm_status st = symm_cuda_check(cu->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0, stream, params, NULL), what);
+    symm_status st = symm_cuda_check(cu->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, smem, stream, params, NULL), what);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s: ", v->desc->name);
     return st;
@@ -294,7 +311,7 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
     k.topk_weights = (CUdeviceptr)args->topk_weights;
     k.tokens_dev = (CUdeviceptr)args->tokens_dev;
     k.tokens = args->tokens;
-    SYMM_TRY(launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
+    SYMM_TRY(launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, v->dispatch_smem, &k, stream,
                     "dispatch: launch of symm_dispatch"));
     v->awaiting_combine = true;
     return SYMM_OK;
@@ -324,7 +341,7 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
         base_args(v, &k);
         k.y = (CUdeviceptr)y;
         k.out = (CUdeviceptr)out;
-        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, &k, stream,
+        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream,
                     "combine: launch of symm_combine");
     }
     if (st == SYMM_OK)
@@ -337,7 +354,7 @@ symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stre
     kernel_args k;
     base_args(v, &k);
     k.out = (CUdeviceptr)out;
-    return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, &k, stream, "combine: launch of symm_reduce");
+    return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream, "combine: launch of symm_reduce");
 }
 
 static CUdeviceptr region_ptr(const symm_variant *v, symm_region id)
