@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "cuda_api.h"
+#include "moe_inputs.h"
 #include "nccl_api.h"
 #include "symm_heap.h"
 #include "symm_manifest.h"
@@ -49,7 +50,6 @@
 #define SMALL_T 512           /* at or below this T a repetition holds SMALL_T_CALLS pairs */
 #define SMALL_T_CALLS 20
 #define MAX_EVENTS (2 * SMALL_T_CALLS + 1) /* around every call of a repetition */
-#define ZIPF_S 1.2            /* as tests/gpu/check.c: expert 0 is the hottest */
 #define MIN_REPS 50           /* fewer repetitions are allowed, but flagged */
 #define POISON 0xA5
 #define NOTE_LEN 200
@@ -214,25 +214,7 @@ static bool row_selected(const options *o, const row_spec *r)
     return !o->groups || strchr(o->groups, r->id[0]) != NULL;
 }
 
-/* ---- random numbers and routings ---------------------------------------- */
-
-typedef struct rng { uint64_t s; } rng;
-
-static uint64_t rng_next(rng *r) /* splitmix64 */
-{
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) / 9007199254740992.0; }
-static int rng_int(rng *r, int n) { return (int)(rng_unit(r) * n); }
-static rng rng_for(uint64_t seed, uint64_t a, uint64_t b)
-{
-    rng r = {seed ^ (a * 0xD1342543DE82EF95ull) ^ (b * 0x9E3779B97F4A7C15ull)};
-    rng_next(&r);
-    return r;
-}
+/* ---- routings (random numbers: tests/support/moe_inputs.h) -------------- */
 
 /* What every rank routes at one T: all ranks' topk (each rank computes the
  * whole world's, from the shared seed) and the payload rows each rank sends
@@ -250,23 +232,12 @@ static void routing_free(routing_set *r)
     memset(r, 0, sizeof *r);
 }
 
-static int pick_expert(rng *r, routing how, int experts, const double *zipf_cdf)
+static int pick_expert(moe_rng *r, routing how, int experts, const double *zipf_cdf)
 {
-    if (how == ROUTE_UNIFORM)
-        return rng_int(r, experts);
-    double u = rng_unit(r);
-    int lo = 0, hi = experts - 1;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (zipf_cdf[mid] < u)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return how == ROUTE_UNIFORM ? moe_rng_int(r, experts) : moe_zipf_expert(r, zipf_cdf, experts);
 }
 
-/* K distinct experts per token: uniform, or Zipf(ZIPF_S) over expert ids. */
+/* K distinct experts per token: uniform, or Zipf(MOE_ZIPF_S) over expert ids. */
 static symm_status routing_make(const symm_variant_desc *d, uint64_t seed, routing how, int T, routing_set *out)
 {
     const int W = d->world, K = d->topk, E = d->experts, L = E / W;
@@ -282,28 +253,20 @@ static symm_status routing_make(const symm_variant_desc *d, uint64_t seed, routi
         routing_free(&r);
         return symm_fail(SYMM_ERR_NOMEM, "routing of %s at T=%d: out of host memory", d->name, T);
     }
-    double sum = 0, acc = 0;
-    for (int e = 0; e < E; e++)
-        sum += pow(e + 1.0, -ZIPF_S);
-    for (int e = 0; e < E; e++)
-        cdf[e] = (acc += pow(e + 1.0, -ZIPF_S) / sum);
-    cdf[E - 1] = 1.0;
+    moe_zipf_cdf(cdf, E);
     for (int s = 0; s < W; s++) {
         /* The same (seed, routing, shape, T) gives the same routing in every variant. */
-        rng g = rng_for(seed, ((uint64_t)how << 48) ^ ((uint64_t)T << 20) ^ ((uint64_t)E << 5) ^ (uint64_t)K,
-                        (uint64_t)s + 1);
+        moe_rng g = moe_rng_for(seed, ((uint64_t)how << 48) ^ ((uint64_t)T << 20) ^ ((uint64_t)E << 5) ^ (uint64_t)K,
+                                (uint64_t)s + 1);
         for (int i = 0; i < W; i++)
             seen[i] = -1;
         for (int t = 0; t < T; t++) {
             int32_t *row = r.idx + ((size_t)s * T + t) * K;
             for (int k = 0; k < K; k++) {
-                int e, dup;
+                int e;
                 do {
                     e = pick_expert(&g, how, E, cdf);
-                    dup = 0;
-                    for (int j = 0; j < k; j++)
-                        dup |= row[j] == e;
-                } while (dup);
+                } while (moe_row_has(row, k, e));
                 row[k] = e;
                 const int p = e / L;
                 if (d->layout == SYMM_LAYOUT_EXPERT)
@@ -332,8 +295,9 @@ static double remote_bytes(const symm_variant_desc *d, const routing_set *r, int
 }
 
 /* Random finite values of a dtype; 16-bit ones built from random bits
- * (exponent kept in a narrow range) since the guard fills gigabytes. */
-static void fill_random(rng *r, symm_dtype dt, void *dst, size_t n)
+ * (exponent kept in a narrow range) since the guard fills gigabytes, the
+ * others as the GPU tests build them. */
+static void fill_random(moe_rng *r, symm_dtype dt, void *dst, size_t n)
 {
     if (dt == SYMM_DTYPE_BF16 || dt == SYMM_DTYPE_FP16) {
         const int mant = dt == SYMM_DTYPE_BF16 ? 7 : 10, base = dt == SYMM_DTYPE_BF16 ? 124 : 12;
@@ -341,20 +305,14 @@ static void fill_random(rng *r, symm_dtype dt, void *dst, size_t n)
         uint64_t bits = 0;
         for (size_t i = 0; i < n; i++) {
             if (i % 4 == 0)
-                bits = rng_next(r);
+                bits = moe_rng_next(r);
             const unsigned b = (unsigned)(bits >> (16 * (i % 4))) & 0xFFFFu;
             const unsigned e = (unsigned)base + ((b >> mant) & 7u);
             h[i] = (uint16_t)((b & 0x8000u) | (e << mant) | (b & ((1u << mant) - 1)));
         }
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        float f = (float)(rng_unit(r) * 8.0 - 4.0);
-        if (dt == SYMM_DTYPE_FP32)
-            ((float *)dst)[i] = f;
-        else
-            ((uint8_t *)dst)[i] = symm_f32_to_e4m3(f * 50.0f);
-    }
+    moe_random_elems(r, dt, dst, n);
 }
 
 static uint64_t shape_key(const symm_variant_desc *d)
@@ -708,15 +666,6 @@ typedef struct guard {
     symm_ref_recv recv;
 } guard;
 
-static symm_ref_config ref_config(const symm_variant_desc *d)
-{
-    return (symm_ref_config){
-        .hidden = d->hidden, .topk = d->topk, .experts = d->experts, .world = d->world,
-        .max_tokens = d->max_tokens, .dtype = d->dtype, .combine_dtype = d->combine_dtype,
-        .layout = d->layout, .weights = d->weights, .capacity = d->capacity, .align = d->align,
-    };
-}
-
 static bool same_config(const symm_ref_config *a, const symm_ref_config *c)
 {
     return a->hidden == c->hidden && a->topk == c->topk && a->experts == c->experts && a->world == c->world &&
@@ -782,17 +731,17 @@ static symm_status guard_inputs(const bench *b, const symm_variant_desc *d, guar
     if (!wi->in || !wi->recv || !wi->x || !wi->y || !wi->out || !wi->scales || !wi->weights)
         return symm_fail(SYMM_ERR_NOMEM, "out of host memory");
     for (int p = 0; p < W; p++) {
-        rng r = rng_for(b->seed, shape_key(d), (uint64_t)p + 1);
+        moe_rng r = moe_rng_for(b->seed, shape_key(d), (uint64_t)p + 1);
         wi->x[p] = malloc((size_t)T * row_bytes(d) + 16);
         wi->scales[p] = scale_bytes(d) ? malloc((size_t)T * scale_bytes(d) + 16) : NULL;
         wi->weights[p] = d->weights ? malloc((size_t)T * K * sizeof(float) + 16) : NULL;
         if (!wi->x[p] || (scale_bytes(d) && !wi->scales[p]) || (d->weights && !wi->weights[p]))
             return symm_fail(SYMM_ERR_NOMEM, "out of host memory for rank %d's inputs", p);
         fill_random(&r, d->dtype, wi->x[p], (size_t)T * H);
-        for (size_t i = 0; wi->scales[p] && i < (size_t)T * (H / SYMM_FP8_BLOCK); i++)
-            wi->scales[p][i] = (float)(rng_unit(&r) + 0.01);
-        for (size_t i = 0; wi->weights[p] && i < (size_t)T * K; i++)
-            wi->weights[p][i] = (float)rng_unit(&r);
+        if (wi->scales[p])
+            moe_random_floats(&r, wi->scales[p], (size_t)T * (H / SYMM_FP8_BLOCK), 0.01);
+        if (wi->weights[p])
+            moe_random_floats(&r, wi->weights[p], (size_t)T * K, 0.0);
         wi->in[p] = (symm_ref_input){T, wi->x[p], wi->scales[p], g->route.idx + (size_t)p * T * K, wi->weights[p]};
         SYMM_TRY(symm_ref_recv_alloc(&g->cfg, &wi->recv[p]));
     }
@@ -805,7 +754,7 @@ static symm_status guard_build(const bench *b, const symm_variant_desc *d, guard
     const int W = d->world, me = b->rank;
     memset(g, 0, sizeof *g);
     g->desc = d;
-    g->cfg = ref_config(d);
+    g->cfg = moe_ref_config(d);
     g->tokens = d->max_tokens;
     SYMM_TRY(routing_make(d, b->seed, ROUTE_UNIFORM, g->tokens, &g->route));
     world_inputs wi = {0};
@@ -814,7 +763,7 @@ static symm_status guard_build(const bench *b, const symm_variant_desc *d, guard
         st = symm_ref_dispatch(&g->cfg, wi.in, wi.recv, NULL);
     for (int p = 0; st == SYMM_OK && p < W; p++) {
         const int64_t rows = wi.recv[p].rows;
-        rng r = rng_for(b->seed, shape_key(d) ^ 0x5EED, (uint64_t)p + 1);
+        moe_rng r = moe_rng_for(b->seed, shape_key(d) ^ 0x5EED, (uint64_t)p + 1);
         wi.y[p] = malloc((size_t)(rows > 0 ? rows : 1) * crow_bytes(d));
         wi.out[p] = malloc((size_t)g->tokens * crow_bytes(d) + 16);
         if (!wi.y[p] || !wi.out[p])
@@ -1596,7 +1545,7 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
             li, li, li, li, li);
     fprintf(f, "%sroutings: uniform = top-k distinct experts uniformly; zipf = Zipf(s = %.1f) over expert ids,\n"
                "%s  expert 0 hottest, so the low ranks' experts take most rows. Seed 0x%" PRIx64 ".\n",
-            li, ZIPF_S, li, b->seed);
+            li, MOE_ZIPF_S, li, b->seed);
 }
 
 static void print_results(FILE *f, const bench *b, bool markdown)
@@ -1750,7 +1699,7 @@ typedef struct guard_cache {
 
 static guard *guard_for(bench *b, guard_cache *gc, const symm_variant_desc *d)
 {
-    const symm_ref_config cfg = ref_config(d);
+    const symm_ref_config cfg = moe_ref_config(d);
     for (int i = 0; i < N_ROWS; i++)
         if (gc->g[i] && same_config(&gc->g[i]->cfg, &cfg))
             return gc->g[i];
@@ -1777,7 +1726,7 @@ static void guard_trim(guard_cache *gc, const variant_plan *plans, int n, int v)
             continue;
         bool later = false;
         for (int j = v + 1; j < n && !later; j++) {
-            const symm_ref_config cfg = ref_config(plans[j].desc);
+            const symm_ref_config cfg = moe_ref_config(plans[j].desc);
             later = same_config(&gc->g[i]->cfg, &cfg);
         }
         if (!later) {

@@ -11,7 +11,6 @@
  * Prints "check: N passed, M failed" (rank 0) and exits 1 on any failure. */
 #include <cuda.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "moe_inputs.h"
 #include "symm_heap.h"
 #include "symm_manifest.h"
 #include "symm_ref.h"
@@ -46,38 +46,12 @@ static void die(const char *what, symm_status st)
         }                                                                           \
     } while (0)
 
-/* ---- deterministic random numbers (splitmix64) -------------------------- */
-typedef struct rng { uint64_t s; } rng;
-static uint64_t rng_next(rng *r)
-{
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) / 9007199254740992.0; }
-static int rng_int(rng *r, int n) { return (int)(rng_unit(r) * n); }
-static rng rng_for(uint64_t seed, uint64_t a, uint64_t b)
-{
-    rng r = {seed ^ (a * 0xD1342543DE82EF95ull) ^ (b * 0x9E3779B97F4A7C15ull)};
-    rng_next(&r);
-    return r;
-}
-
 /* ---- routings ------------------------------------------------------------ */
 typedef enum { R_UNIFORM, R_ONE_RANK, R_ZIPF, R_MASKED, R_EMPTY, R_INVALID, R_COUNT } routing;
 static const char *const routing_names[R_COUNT] = {"uniform", "one-rank", "zipf", "masked", "empty", "invalid"};
 
-static bool row_has(const int32_t *row, int n, int e)
-{
-    for (int i = 0; i < n; i++)
-        if (row[i] == e)
-            return true;
-    return false;
-}
-
 /* Pick K distinct experts for one token. */
-static void pick_row(rng *r, routing how, const symm_variant_desc *d, const double *zipf_cdf, int32_t *row)
+static void pick_row(moe_rng *r, routing how, const symm_variant_desc *d, const double *zipf_cdf, int32_t *row)
 {
     const int E = d->experts, K = d->topk, L = d->experts / d->world;
     for (int k = 0; k < K; k++) {
@@ -85,55 +59,31 @@ static void pick_row(rng *r, routing how, const symm_variant_desc *d, const doub
         do {
             switch (how) {
             case R_ONE_RANK: /* experts of rank 0 first, then anywhere once they run out */
-                e = k < L ? rng_int(r, L) : rng_int(r, E);
+                e = k < L ? moe_rng_int(r, L) : moe_rng_int(r, E);
                 break;
-            case R_ZIPF: {
-                double u = rng_unit(r);
-                int lo = 0, hi = E - 1;
-                while (lo < hi) {
-                    int mid = (lo + hi) / 2;
-                    if (zipf_cdf[mid] < u)
-                        lo = mid + 1;
-                    else
-                        hi = mid;
-                }
-                e = lo;
+            case R_ZIPF:
+                e = moe_zipf_expert(r, zipf_cdf, E);
                 break;
-            }
             default:
-                e = rng_int(r, E);
+                e = moe_rng_int(r, E);
             }
-        } while (row_has(row, k, e));
+        } while (moe_row_has(row, k, e));
         row[k] = e;
     }
     if (how == R_MASKED || how == R_EMPTY)
         for (int k = 0; k < K; k++)
-            if (how == R_EMPTY || rng_unit(r) < 0.35)
+            if (how == R_EMPTY || moe_rng_unit(r) < 0.35)
                 row[k] = -1;
     if (how == R_INVALID)
         for (int k = 0; k < K; k++) {
-            double u = rng_unit(r);
+            double u = moe_rng_unit(r);
             if (u < 0.06)
-                row[k] = E + rng_int(r, 5);
+                row[k] = E + moe_rng_int(r, 5);
             else if (u < 0.10)
-                row[k] = -2 - rng_int(r, 5);
+                row[k] = -2 - moe_rng_int(r, 5);
             else if (u < 0.16 && k > 0)
-                row[k] = row[rng_int(r, k)]; /* a repeat */
+                row[k] = row[moe_rng_int(r, k)]; /* a repeat */
         }
-}
-
-/* A finite random value of a dtype, as its bits. */
-static void random_elems(rng *r, symm_dtype dt, void *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float f = (float)(rng_unit(r) * 8.0 - 4.0);
-        switch (dt) {
-        case SYMM_DTYPE_BF16: ((uint16_t *)dst)[i] = symm_f32_to_bf16(f); break;
-        case SYMM_DTYPE_FP16: ((uint16_t *)dst)[i] = symm_f32_to_f16(f); break;
-        case SYMM_DTYPE_FP32: ((float *)dst)[i] = f; break;
-        case SYMM_DTYPE_FP8_E4M3: ((uint8_t *)dst)[i] = symm_f32_to_e4m3(f * 50.0f); break;
-        }
-    }
 }
 
 /* One rank's host inputs. */
@@ -148,22 +98,20 @@ typedef struct inputs {
 static void make_inputs(const symm_variant_desc *d, uint64_t seed, int case_id, int rank, routing how,
                         int tokens, const double *zipf_cdf, inputs *in)
 {
-    rng r = rng_for(seed, (uint64_t)case_id, (uint64_t)rank + 1);
+    moe_rng r = moe_rng_for(seed, (uint64_t)case_id, (uint64_t)rank + 1);
     const size_t H = (size_t)d->hidden, K = (size_t)d->topk, T = (size_t)tokens;
     in->tokens = tokens;
     in->x = malloc(T * H * symm_dtype_size(d->dtype) + 16);
     in->scales = d->dtype == SYMM_DTYPE_FP8_E4M3 ? malloc(T * (H / SYMM_FP8_BLOCK) * 4 + 16) : NULL;
     in->topk = malloc(T * K * 4 + 16);
     in->weights = d->weights ? malloc(T * K * 4 + 16) : NULL;
-    random_elems(&r, d->dtype, in->x, T * H);
+    moe_random_elems(&r, d->dtype, in->x, T * H);
     if (in->scales)
-        for (size_t i = 0; i < T * (H / SYMM_FP8_BLOCK); i++)
-            in->scales[i] = (float)(rng_unit(&r) + 0.01);
+        moe_random_floats(&r, in->scales, T * (H / SYMM_FP8_BLOCK), 0.01);
     for (size_t t = 0; t < T; t++)
         pick_row(&r, how, d, zipf_cdf, in->topk + t * K);
     if (in->weights)
-        for (size_t i = 0; i < T * K; i++)
-            in->weights[i] = (float)rng_unit(&r);
+        moe_random_floats(&r, in->weights, T * K, 0.0);
 }
 
 static void free_inputs(inputs *in)
@@ -173,16 +121,6 @@ static void free_inputs(inputs *in)
     free(in->topk);
     free(in->weights);
     memset(in, 0, sizeof *in);
-}
-
-static symm_ref_config ref_config(const symm_variant_desc *d)
-{
-    symm_ref_config c = {
-        .hidden = d->hidden, .topk = d->topk, .experts = d->experts, .world = d->world,
-        .max_tokens = d->max_tokens, .dtype = d->dtype, .combine_dtype = d->combine_dtype,
-        .layout = d->layout, .weights = d->weights, .capacity = d->capacity, .align = d->align,
-    };
-    return c;
 }
 
 /* ---- device buffers of one rank ----------------------------------------- */
@@ -323,7 +261,7 @@ typedef struct world_case {
     double *zipf_cdf;
 } world_case;
 
-static int tokens_for(const symm_variant_desc *d, int batch_kind, int rank, rng *r)
+static int tokens_for(const symm_variant_desc *d, int batch_kind, int rank, moe_rng *r)
 {
     const int max = d->max_tokens;
     switch (batch_kind) {
@@ -331,7 +269,7 @@ static int tokens_for(const symm_variant_desc *d, int batch_kind, int rank, rng 
     case 1: return 1;
     case 2: { int t = (max / 3) | 1; return t > max ? max : t; }
     case 3: return max;
-    default: return rng_int(r, max + 1) * (rank + 1) % (max + 1); /* differs per rank */
+    default: return moe_rng_int(r, max + 1) * (rank + 1) % (max + 1); /* differs per rank */
     }
 }
 
@@ -350,8 +288,8 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
 {
     const symm_variant_desc *d = wc->d;
     const int W = d->world;
-    const symm_ref_config cfg = ref_config(d);
-    rng tr = rng_for(wc->seed, (uint64_t)case_id, 777);
+    const symm_ref_config cfg = moe_ref_config(d);
+    moe_rng tr = moe_rng_for(wc->seed, (uint64_t)case_id, 777);
     for (int p = 0; p < W; p++) {
         make_inputs(d, wc->seed, case_id, p, how, tokens_for(d, batch_kind, p, &tr), wc->zipf_cdf, &hc->in[p]);
         hc->ref_in[p] = (symm_ref_input){hc->in[p].tokens, hc->in[p].x, hc->in[p].scales, hc->in[p].topk,
@@ -365,9 +303,9 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
         die("symm_ref_dispatch", hc->ref_status);
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
     for (int p = 0; p < W; p++) {
-        rng yr = rng_for(wc->seed, (uint64_t)case_id, 1000 + (uint64_t)p);
+        moe_rng yr = moe_rng_for(wc->seed, (uint64_t)case_id, 1000 + (uint64_t)p);
         hc->y[p] = malloc((size_t)hc->recv[p].capacity * crow + 16);
-        random_elems(&yr, d->combine_dtype, hc->y[p], (size_t)hc->recv[p].capacity * d->hidden);
+        moe_random_elems(&yr, d->combine_dtype, hc->y[p], (size_t)hc->recv[p].capacity * d->hidden);
         hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
     }
     symm_status st = symm_ref_combine(&cfg, hc->ref_in, hc->recv, (const void *const *)hc->y, hc->out);
@@ -546,15 +484,7 @@ static void setup_case(world_case *wc, const symm_variant_desc *d)
     wc->dev.y = dalloc((size_t)d->capacity * H * symm_dtype_size(d->combine_dtype));
     wc->dev.out = dalloc(T * H * symm_dtype_size(d->combine_dtype));
     wc->zipf_cdf = malloc(sizeof(double) * (size_t)d->experts);
-    double sum = 0;
-    for (int e = 0; e < d->experts; e++)
-        sum += pow(e + 1.0, -1.2);
-    double acc = 0;
-    for (int e = 0; e < d->experts; e++) {
-        acc += pow(e + 1.0, -1.2) / sum;
-        wc->zipf_cdf[e] = acc;
-    }
-    wc->zipf_cdf[d->experts - 1] = 1.0;
+    moe_zipf_cdf(wc->zipf_cdf, d->experts);
 }
 
 static void teardown_case(world_case *wc)

@@ -15,6 +15,7 @@
 #include <inttypes.h>
 
 #include "heap_test.h"
+#include "moe_inputs.h"
 #include "symm_manifest.h"
 #include "symm_ref.h"
 #include "symm_variant.h"
@@ -22,46 +23,20 @@
 #define POISON 0xA5
 #define MAX_W SYMM_REF_MAX_WORLD
 
-/* ---- random inputs --------------------------------------------------------- */
-
-/* A stream of its own for each (seed, a, b): any rank can rebuild any rank's data. */
-static unsigned long long rng_for(unsigned long long seed, unsigned long long a, unsigned long long b)
-{
-    unsigned long long s = seed ^ (a * 0xD1342543DE82EF95ull) ^ (b * 0x9E3779B97F4A7C15ull);
-    next_random(&s);
-    return s;
-}
-
-static double rng_unit(unsigned long long *s) { return (double)(next_random(s) >> 11) / 9007199254740992.0; }
-
-static void random_elems(unsigned long long *s, symm_dtype dt, void *dst, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float f = (float)(rng_unit(s) * 8.0 - 4.0);
-        switch (dt) {
-        case SYMM_DTYPE_BF16: ((uint16_t *)dst)[i] = symm_f32_to_bf16(f); break;
-        case SYMM_DTYPE_FP16: ((uint16_t *)dst)[i] = symm_f32_to_f16(f); break;
-        case SYMM_DTYPE_FP32: ((float *)dst)[i] = f; break;
-        case SYMM_DTYPE_FP8_E4M3: ((uint8_t *)dst)[i] = symm_f32_to_e4m3(f * 50.0f); break;
-        }
-    }
-}
+/* ---- random inputs (streams per (seed, a, b): tests/support/moe_inputs.h) ---- */
 
 /* K distinct experts, about one entry in ten masked with -1. */
-static void random_topk_row(unsigned long long *s, int experts, int topk, int32_t *row)
+static void random_topk_row(moe_rng *s, int experts, int topk, int32_t *row)
 {
     for (int k = 0; k < topk; k++) {
-        int e, again;
+        int e;
         do {
-            e = (int)(next_random(s) % (unsigned long long)experts);
-            again = 0;
-            for (int j = 0; j < k; j++)
-                again |= row[j] == e;
-        } while (again);
+            e = (int)(moe_rng_next(s) % (uint64_t)experts);
+        } while (moe_row_has(row, k, e));
         row[k] = e;
     }
     for (int k = 0; k < topk; k++)
-        if (next_random(s) % 10 == 0)
+        if (moe_rng_next(s) % 10 == 0)
             row[k] = -1;
 }
 
@@ -220,6 +195,21 @@ static symm_variant_options native_options(void)
     return o;
 }
 
+/* vt_setup, then the native backend's variant (collective). */
+static void vt_start(vt *t, const char *tag, want w)
+{
+    vt_setup(t, tag, w, 0);
+    symm_variant_options o = native_options();
+    vt_open(t, &o);
+}
+
+/* Collective. */
+static void vt_end(vt *t)
+{
+    vt_close(t);
+    vt_finish(t);
+}
+
 /* ---- one call of the whole world, on the CPU ---------------------------------- */
 
 typedef struct vcase {
@@ -243,21 +233,19 @@ static size_t scales_row(const symm_variant_desc *d) { return (size_t)d->hidden 
 static void case_inputs(vcase *k, const symm_variant_desc *d, unsigned long long seed, int p, int tokens)
 {
     const size_t T = (size_t)tokens, K = (size_t)d->topk;
-    unsigned long long s = rng_for(seed, 1, (unsigned long long)p);
+    moe_rng s = moe_rng_for(seed, 1, (uint64_t)p);
     k->x[p] = xmalloc(T * x_row(d));
-    random_elems(&s, d->dtype, k->x[p], T * (size_t)d->hidden);
+    moe_random_elems(&s, d->dtype, k->x[p], T * (size_t)d->hidden);
     if (d->dtype == SYMM_DTYPE_FP8_E4M3) {
         k->scales[p] = xmalloc(T * scales_row(d));
-        for (size_t i = 0; i < T * scales_row(d) / 4; i++)
-            k->scales[p][i] = (float)(rng_unit(&s) + 0.01);
+        moe_random_floats(&s, k->scales[p], T * scales_row(d) / 4, 0.01);
     }
     k->topk[p] = xmalloc(T * K * 4);
     for (size_t t = 0; t < T; t++)
         random_topk_row(&s, d->experts, d->topk, k->topk[p] + t * K);
     if (d->weights) {
         k->weights[p] = xmalloc(T * K * 4);
-        for (size_t i = 0; i < T * K; i++)
-            k->weights[p][i] = (float)(rng_unit(&s) + 0.01);
+        moe_random_floats(&s, k->weights[p], T * K, 0.01);
     }
     k->in[p] = (symm_ref_input){tokens, k->x[p], k->scales[p], k->topk[p], k->weights[p]};
 }
@@ -271,21 +259,17 @@ static vcase *case_build(const symm_variant_desc *d, unsigned long long seed, un
 {
     vcase *k = xmalloc(sizeof *k);
     k->world = d->world;
-    k->cfg = (symm_ref_config){
-        .hidden = d->hidden, .topk = d->topk, .experts = d->experts, .world = d->world,
-        .max_tokens = d->max_tokens, .dtype = d->dtype, .combine_dtype = d->combine_dtype,
-        .layout = d->layout, .weights = d->weights, .capacity = d->capacity, .align = d->align,
-    };
+    k->cfg = moe_ref_config(d);
     for (int p = 0; p < k->world; p++) {
         case_inputs(k, d, seed, p, tokens[p]);
         EXPECT_OK(symm_ref_recv_alloc(&k->cfg, &k->recv[p]));
     }
     EXPECT_OK(symm_ref_dispatch(&k->cfg, k->in, k->recv, k->stats));
     for (int p = 0; p < k->world; p++) {
-        unsigned long long s = rng_for(y_seed, 2, (unsigned long long)p);
+        moe_rng s = moe_rng_for(y_seed, 2, (uint64_t)p);
         k->y_rows[p] = k->recv[p].rows;
         k->y[p] = xmalloc((size_t)k->y_rows[p] * y_row(d));
-        random_elems(&s, d->combine_dtype, k->y[p], (size_t)k->y_rows[p] * (size_t)d->hidden);
+        moe_random_elems(&s, d->combine_dtype, k->y[p], (size_t)k->y_rows[p] * (size_t)d->hidden);
         k->out[p] = xmalloc((size_t)tokens[p] * y_row(d));
     }
     EXPECT_OK(symm_ref_combine(&k->cfg, k->in, k->recv, (const void *const *)k->y, k->out));
@@ -310,9 +294,9 @@ static void case_free(vcase *k)
  * rank knows every rank's T). */
 static void random_tokens(const vt *t, int *tokens, unsigned long long salt)
 {
-    unsigned long long s = rng_for(t->seed, 3, salt);
+    moe_rng s = moe_rng_for(t->seed, 3, salt);
     for (int p = 0; p < t->c.ranks; p++)
-        tokens[p] = 1 + (int)(next_random(&s) % (unsigned long long)t->d->max_tokens);
+        tokens[p] = 1 + (int)(moe_rng_next(&s) % (uint64_t)t->d->max_tokens);
 }
 
 /* ---- device side --------------------------------------------------------------- */
@@ -508,26 +492,81 @@ static void expect_results(const vt *t, const vcase *k, CUdeviceptr out, uint64_
     expect_out(t, k, out, "combine out");
 }
 
+/* ---- one case on this rank's GPU ------------------------------------------------ */
+
+/* The reference of one call of the whole world (k), and this rank's side of
+ * it: its inputs and y on the GPU, out for combine, the arguments of a
+ * correct dispatch. */
+typedef struct gpu_case {
+    vcase *k;
+    dev_in b;
+    CUdeviceptr y, out;
+    symm_dispatch_args args;
+} gpu_case;
+
+/* case_build(seed, y_seed, tokens), then this rank's inputs and y uploaded;
+ * args take T from device memory when tokens_dev. gpu_case_poison must
+ * follow before a call (it also waits for the uploads). */
+static void gpu_case_upload(const vt *t, gpu_case *c, unsigned long long seed, unsigned long long y_seed,
+                            const int *tokens, bool tokens_dev)
+{
+    const symm_variant_desc *d = t->d;
+    c->k = case_build(d, seed, y_seed, tokens);
+    dev_in_alloc(d, &c->b);
+    c->y = y_alloc(d);
+    c->out = dalloc((size_t)d->max_tokens * y_row(d));
+    dev_in_upload(t, c->k, &c->b);
+    y_upload(t, c->k, c->y);
+    c->args = good_args(d, &c->b, tokens[t->c.rank], tokens_dev);
+}
+
+static void gpu_case_poison(const vt *t, const gpu_case *c)
+{
+    poison(t, c->out, (size_t)t->d->max_tokens * y_row(t->d));
+}
+
+/* A test's usual case: random T per rank, inputs from the shared seed,
+ * uploaded and poisoned. */
+static void gpu_case_start(const vt *t, gpu_case *c, bool tokens_dev)
+{
+    int tokens[MAX_W];
+    random_tokens(t, tokens, 0);
+    gpu_case_upload(t, c, t->seed, t->seed + 1, tokens, tokens_dev);
+    gpu_case_poison(t, c);
+}
+
+/* The combine of c after its dispatch, checked as expect_results. */
+static void gpu_case_combine(const vt *t, const gpu_case *c, uint64_t calls, bool clamped)
+{
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)c->y, (void *)c->out, t->stream));
+    expect_results(t, c->k, c->out, calls, clamped);
+}
+
+/* The correct dispatch + combine of c, checked as expect_results. */
+static void gpu_case_call(const vt *t, const gpu_case *c, uint64_t calls, bool clamped)
+{
+    EXPECT_OK(symm_variant_dispatch(t->v, &c->args, t->stream));
+    gpu_case_combine(t, c, calls, clamped);
+}
+
+static void gpu_case_free(gpu_case *c)
+{
+    dev_in_free(&c->b);
+    CU_OK(cuMemFree(c->y));
+    CU_OK(cuMemFree(c->out));
+    case_free(c->k);
+}
+
 /* One correct dispatch + combine on fresh random inputs, checked. */
 static void good_call(vt *t, uint64_t calls_before)
 {
     int tokens[MAX_W];
     random_tokens(t, tokens, 100 + calls_before);
-    vcase *k = case_build(t->d, rng_for(t->seed, 4, calls_before), t->seed ^ calls_before, tokens);
-    dev_in b;
-    dev_in_alloc(t->d, &b);
-    CUdeviceptr y = y_alloc(t->d), out = dalloc((size_t)t->d->max_tokens * y_row(t->d));
-    dev_in_upload(t, k, &b);
-    y_upload(t, k, y);
-    poison(t, out, (size_t)t->d->max_tokens * y_row(t->d));
-    symm_dispatch_args a = good_args(t->d, &b, tokens[t->c.rank], false);
-    EXPECT_OK(symm_variant_dispatch(t->v, &a, t->stream));
-    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)out, t->stream));
-    expect_results(t, k, out, calls_before + 1, false);
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
+    gpu_case c;
+    gpu_case_upload(t, &c, moe_rng_for(t->seed, 4, calls_before).s, t->seed ^ calls_before, tokens, false);
+    gpu_case_poison(t, &c);
+    gpu_case_call(t, &c, calls_before + 1, false);
+    gpu_case_free(&c);
 }
 
 static uint64_t calls_so_far(const vt *t)
@@ -572,30 +611,19 @@ typedef struct bad_call {
 static void refused(const bad_call *bc)
 {
     vt t;
-    vt_setup(&t, bc->tag, bc->w, 0);
-    symm_variant_options o = native_options();
-    vt_open(&t, &o);
-    const symm_variant_desc *d = t.d;
-    int tokens[MAX_W];
-    random_tokens(&t, tokens, 0);
-    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
-    dev_in b;
-    dev_in_alloc(d, &b);
-    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
-    dev_in_upload(&t, k, &b);
-    y_upload(&t, k, y);
-    poison(&t, out, (size_t)d->max_tokens * y_row(d));
-    symm_dispatch_args good = good_args(d, &b, tokens[t.c.rank], false);
+    vt_start(&t, bc->tag, bc->w);
+    gpu_case c;
+    gpu_case_start(&t, &c, false);
     if (bc->combine)
-        EXPECT_OK(symm_variant_dispatch(t.v, &good, t.stream));
+        EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
     const uint64_t calls = calls_so_far(&t);
 
-    symm_dispatch_args a = good;
-    const void *bad_y = (const void *)y;
-    void *bad_out = (void *)out;
+    symm_dispatch_args a = c.args;
+    const void *bad_y = (const void *)c.y;
+    void *bad_out = (void *)c.out;
     unsigned long long rng = fresh_seed();
     char needle[2][96] = {"", ""};
-    bc->spoil(d, &b, &a, &bad_y, &bad_out, &rng, needle);
+    bc->spoil(t.d, &c.b, &a, &bad_y, &bad_out, &rng, needle);
     capture_begin(&t);
     symm_status st = bc->combine ? symm_variant_combine(t.v, bad_y, bad_out, t.stream)
                                  : symm_variant_dispatch(t.v, &a, t.stream);
@@ -612,16 +640,11 @@ static void refused(const bad_call *bc)
 
     /* The variant is still in step on every rank. */
     if (!bc->combine)
-        EXPECT_OK(symm_variant_dispatch(t.v, &good, t.stream));
-    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
-    expect_results(&t, k, out, 1, false);
+        EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
+    gpu_case_combine(&t, &c, 1, false);
 
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
-    vt_close(&t);
-    vt_finish(&t);
+    gpu_case_free(&c);
+    vt_end(&t);
 }
 
 static void tokens_too_many(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
@@ -809,13 +832,13 @@ static double drain(const vt *t, double t0, double limit_s, const char *what)
 
 /* Rank 0 dispatches alone: its device wait gives up after the variant's
  * timeout and names the peer; later calls fail at once. */
-static void lonely_rank_zero(vt *t, const dev_in *b, const vcase *k, CUdeviceptr y, CUdeviceptr out, double timeout)
+static void lonely_rank_zero(vt *t, const gpu_case *c, double timeout)
 {
-    symm_dispatch_args a = good_args(t->d, b, k->in[0].tokens, false);
+    symm_dispatch_args a = good_args(t->d, &c->b, c->k->in[0].tokens, false);
     symm_variant_stats s;
     double t0 = now_s();
     EXPECT_OK(symm_variant_dispatch(t->v, &a, t->stream));
-    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)out, t->stream));
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)c->y, (void *)c->out, t->stream));
     const double first = drain(t, t0, timeout + 10.0, "a dispatch no peer joined");
     symm_status st = symm_variant_stats_read(t->v, t->stream, &s);
     char msg[1024];
@@ -840,7 +863,7 @@ static void lonely_rank_zero(vt *t, const dev_in *b, const vcase *k, CUdeviceptr
     const symm_variant_stats before = s;
     t0 = now_s();
     EXPECT_OK(symm_variant_dispatch(t->v, &a, t->stream));
-    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)out, t->stream));
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)c->y, (void *)c->out, t->stream));
     const double second = drain(t, t0, timeout + 10.0, "the call after a timeout");
     st = symm_variant_stats_read(t->v, t->stream, &s);
     cr_assert(st == SYMM_ERR_TIMEOUT && s.timed_out && s.timeout_peer == before.timeout_peer &&
@@ -861,23 +884,12 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
     symm_variant_options o = native_options();
     o.timeout_s = timeout;
     vt_open(&t, &o);
-    const symm_variant_desc *d = t.d;
-    int tokens[MAX_W];
-    random_tokens(&t, tokens, 0);
-    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
-    dev_in b;
-    dev_in_alloc(d, &b);
-    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
-    dev_in_upload(&t, k, &b);
-    y_upload(&t, k, y);
+    gpu_case c;
+    gpu_case_start(&t, &c, false);
     /* A first variant with a working call pays the one-time costs (module
      * loading, lazy driver allocations), so that the second is measured
      * alone. */
-    poison(&t, out, (size_t)d->max_tokens * y_row(d));
-    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], false);
-    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
-    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
-    expect_results(&t, k, out, 1, false);
+    gpu_case_call(&t, &c, 1, false);
     vt_close(&t);
     int fds_before, fds_after;
     size_t free_before, free_after;
@@ -885,7 +897,7 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
 
     vt_open(&t, &o);
     if (t.c.rank == 0) {
-        lonely_rank_zero(&t, &b, k, y, out, timeout);
+        lonely_rank_zero(&t, &c, timeout);
     } else {
         symm_variant_stats s;
         symm_status st = symm_variant_stats_read(t.v, t.stream, &s);
@@ -902,10 +914,7 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
               "the create: %zu bytes were not released", t.c.rank, free_after, free_before,
               free_before - free_after);
 
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
+    gpu_case_free(&c);
     vt_finish(&t);
 }
 
@@ -914,64 +923,34 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
 Test(variant, tokens_dev_takes_t_from_device_memory)
 {
     vt t;
-    vt_setup(&t, "tokens-dev", LAYOUT_EXPERT_ANY, 0);
-    symm_variant_options o = native_options();
-    vt_open(&t, &o);
-    const symm_variant_desc *d = t.d;
-    int tokens[MAX_W];
-    random_tokens(&t, tokens, 0);
-    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
-    dev_in b;
-    dev_in_alloc(d, &b);
-    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
-    dev_in_upload(&t, k, &b);
-    y_upload(&t, k, y);
-    poison(&t, out, (size_t)d->max_tokens * y_row(d));
-    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], true);
-    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
-    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
-    expect_results(&t, k, out, 1, false);
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
-    vt_close(&t);
-    vt_finish(&t);
+    vt_start(&t, "tokens-dev", LAYOUT_EXPERT_ANY);
+    gpu_case c;
+    gpu_case_start(&t, &c, true);
+    gpu_case_call(&t, &c, 1, false);
+    gpu_case_free(&c);
+    vt_end(&t);
 }
 
 Test(variant, tokens_dev_above_max_tokens_is_clamped_and_reported)
 {
     vt t;
-    vt_setup(&t, "tokens-clamp", (want){SYMM_LAYOUT_RANK, 1, -1, 0}, 0);
-    symm_variant_options o = native_options();
-    vt_open(&t, &o);
+    vt_start(&t, "tokens-clamp", (want){SYMM_LAYOUT_RANK, 1, -1, 0});
     const symm_variant_desc *d = t.d;
     int tokens[MAX_W];
     random_tokens(&t, tokens, 0);
     /* Rank 0 says more than max_tokens: it sends max_tokens rows. */
     tokens[0] = d->max_tokens;
-    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
-    dev_in b;
-    dev_in_alloc(d, &b);
-    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
-    dev_in_upload(&t, k, &b);
-    y_upload(&t, k, y);
+    gpu_case c;
+    gpu_case_upload(&t, &c, t.seed, t.seed + 1, tokens, true);
     if (t.c.rank == 0) {
         unsigned long long s = fresh_seed();
         int32_t too_many = d->max_tokens + 1 + (int32_t)(next_random(&s) % 100000);
-        CU_OK(cuMemcpyHtoD(b.tokens, &too_many, 4));
+        CU_OK(cuMemcpyHtoD(c.b.tokens, &too_many, 4));
     }
-    poison(&t, out, (size_t)d->max_tokens * y_row(d));
-    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], true);
-    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
-    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
-    expect_results(&t, k, out, 1, t.c.rank == 0);
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
-    vt_close(&t);
-    vt_finish(&t);
+    gpu_case_poison(&t, &c);
+    gpu_case_call(&t, &c, 1, t.c.rank == 0);
+    gpu_case_free(&c);
+    vt_end(&t);
 }
 
 /* ---- 4. backends -------------------------------------------------------------------------- */
@@ -989,22 +968,13 @@ Test(variant, nccl_backend_refuses_stream_capture_saying_why)
     }
     symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
     vt_open(&t, &o);
-    const symm_variant_desc *d = t.d;
-    int tokens[MAX_W];
-    random_tokens(&t, tokens, 0);
-    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
-    dev_in b;
-    dev_in_alloc(d, &b);
-    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
-    dev_in_upload(&t, k, &b);
-    y_upload(&t, k, y);
-    poison(&t, out, (size_t)d->max_tokens * y_row(d));
-    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], false);
+    gpu_case c;
+    gpu_case_start(&t, &c, false);
 
     for (int combine = 0; combine < 2; combine++) {
         capture_begin(&t);
-        symm_status st = combine ? symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream)
-                                 : symm_variant_dispatch(t.v, &a, t.stream);
+        symm_status st = combine ? symm_variant_combine(t.v, (const void *)c.y, (void *)c.out, t.stream)
+                                 : symm_variant_dispatch(t.v, &c.args, t.stream);
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", symm_last_error());
         capture_end_expect_empty(&t, combine ? "combine" : "dispatch");
@@ -1014,16 +984,10 @@ Test(variant, nccl_backend_refuses_stream_capture_saying_why)
                   msg);
     }
     /* Outside capture the same call works, and every rank is still in step. */
-    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
-    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
-    expect_results(&t, k, out, 1, false);
+    gpu_case_call(&t, &c, 1, false);
 
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
-    vt_close(&t);
-    vt_finish(&t);
+    gpu_case_free(&c);
+    vt_end(&t);
 }
 
 Test(variant, unknown_symm_backend_is_refused_listing_the_accepted_values)
@@ -1053,8 +1017,7 @@ Test(variant, unknown_symm_backend_is_refused_listing_the_accepted_values)
     cr_assert(symm_variant_backend(t.v) == SYMM_BACKEND_NATIVE, "rank %d: without SYMM_BACKEND the backend is "
               "%d, expected native (%d)", t.c.rank, (int)symm_variant_backend(t.v), (int)SYMM_BACKEND_NATIVE);
     good_call(&t, 0);
-    vt_close(&t);
-    vt_finish(&t);
+    vt_end(&t);
 }
 
 /* ---- 5. many calls in a row -------------------------------------------------------------- */
@@ -1064,9 +1027,7 @@ Test(variant, unknown_symm_backend_is_refused_listing_the_accepted_values)
 Test(variant, back_to_back_calls_without_host_sync_stay_in_step)
 {
     vt t;
-    vt_setup(&t, "stress", LAYOUT_RANK_ANY, 0);
-    symm_variant_options o = native_options();
-    vt_open(&t, &o);
+    vt_start(&t, "stress", LAYOUT_RANK_ANY);
     const symm_variant_desc *d = t.d;
     /* Two input sets in turn, so that a call that saw the previous call's
      * data would show; one y, whose rows both sets' references agree on. */
@@ -1075,7 +1036,7 @@ Test(variant, back_to_back_calls_without_host_sync_stay_in_step)
     for (int i = 0; i < 2; i++) {
         int tokens[MAX_W];
         random_tokens(&t, tokens, (unsigned long long)i);
-        k[i] = case_build(d, rng_for(t.seed, 5, (unsigned long long)i), t.seed + 7, tokens);
+        k[i] = case_build(d, moe_rng_for(t.seed, 5, (uint64_t)i).s, t.seed + 7, tokens);
         dev_in_alloc(d, &b[i]);
         dev_in_upload(&t, k[i], &b[i]);
     }
@@ -1107,8 +1068,7 @@ Test(variant, back_to_back_calls_without_host_sync_stay_in_step)
     }
     CU_OK(cuMemFree(y));
     CU_OK(cuMemFree(out));
-    vt_close(&t);
-    vt_finish(&t);
+    vt_end(&t);
 }
 
 /* ---- 6. where the results live ------------------------------------------------------------- */
@@ -1215,8 +1175,7 @@ Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
     symm_variant_options o = native_options();
     vt_open(&t, &o);
     good_call(&t, 0);
-    vt_close(&t);
-    vt_finish(&t);
+    vt_end(&t);
 }
 
 /* Dispatch and combine alternate: a second dispatch before the combine, or a
@@ -1225,34 +1184,18 @@ Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
 Test(variant, dispatch_and_combine_must_alternate)
 {
     vt t;
-    vt_setup(&t, "alternate", LAYOUT_EXPERT_ANY, 0);
-    symm_variant_options o = native_options();
-    vt_open(&t, &o);
-    const symm_variant_desc *d = t.d;
-    int tokens[MAX_W];
-    random_tokens(&t, tokens, 0);
-    vcase *k = case_build(d, t.seed, t.seed + 1, tokens);
-    dev_in b;
-    dev_in_alloc(d, &b);
-    CUdeviceptr y = y_alloc(d), out = dalloc((size_t)d->max_tokens * y_row(d));
-    dev_in_upload(&t, k, &b);
-    y_upload(&t, k, y);
-    poison(&t, out, (size_t)d->max_tokens * y_row(d));
-    symm_dispatch_args a = good_args(d, &b, tokens[t.c.rank], false);
+    vt_start(&t, "alternate", LAYOUT_EXPERT_ANY);
+    gpu_case c;
+    gpu_case_start(&t, &c, false);
 
-    symm_status st = symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream);
+    symm_status st = symm_variant_combine(t.v, (const void *)c.y, (void *)c.out, t.stream);
     cr_assert(st == SYMM_ERR_STATE && strstr(symm_last_error(), "no dispatch to combine"),
               "rank %d: combine before any dispatch: %s (%s)", t.c.rank, symm_status_name(st), symm_last_error());
-    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
-    st = symm_variant_dispatch(t.v, &a, t.stream);
+    EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
+    st = symm_variant_dispatch(t.v, &c.args, t.stream);
     cr_assert(st == SYMM_ERR_STATE && strstr(symm_last_error(), "has not been combined"),
               "rank %d: second dispatch: %s (%s)", t.c.rank, symm_status_name(st), symm_last_error());
-    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)out, t.stream));
-    expect_results(&t, k, out, 1, false);
-    dev_in_free(&b);
-    CU_OK(cuMemFree(y));
-    CU_OK(cuMemFree(out));
-    case_free(k);
-    vt_close(&t);
-    vt_finish(&t);
+    gpu_case_combine(&t, &c, 1, false);
+    gpu_case_free(&c);
+    vt_end(&t);
 }
