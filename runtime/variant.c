@@ -72,6 +72,30 @@ static symm_status pick_backend(const symm_variant_options *opts, symm_backend *
     return SYMM_OK;
 }
 
+/* The dynamic shared memory a kernel is launched with, as the module says in
+ * the int `symbol` (none when the module has no such symbol), and the
+ * kernel's limit raised to it. */
+static symm_status dynamic_smem(symm_variant *v, CUfunction fn, const char *symbol, unsigned *out)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    *out = 0;
+    CUdeviceptr ptr = 0;
+    size_t bytes = 0;
+    if (cu->cuModuleGetGlobal(&ptr, &bytes, v->module, symbol) != CUDA_SUCCESS || bytes != sizeof(int))
+        return SYMM_OK;
+    int smem = 0;
+    SYMM_CU(cu, cuMemcpyDtoH(&smem, ptr, sizeof smem));
+    if (smem < 0)
+        return symm_fail(SYMM_ERR_UNSUPPORTED,
+                         "symm_variant_create: variant %s: %s = %d: expected >= 0 (regenerate the variant)",
+                         v->desc->name, symbol, smem);
+    if (smem > 0)
+        SYMM_CU(cu, cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+    *out = (unsigned)smem;
+    return SYMM_OK;
+}
+
 /* JIT-compile (through the cache) and load the kernels; check that every block
  * of a launch can be resident at once (blocks wait for each other). */
 static symm_status load_kernels(symm_variant *v, const symm_variant_options *opts)
@@ -107,25 +131,13 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     if (v->backend != SYMM_BACKEND_NATIVE)
         return SYMM_OK;
 
-    /* symm_dispatch stages rows in dynamic shared memory; the kernel says how
-     * much (a module without the symbol needs none). */
-    CUdeviceptr smem_sym = 0;
-    size_t smem_sym_bytes = 0;
-    if (cu->cuModuleGetGlobal(&smem_sym, &smem_sym_bytes, v->module, "symm_dispatch_smem") == CUDA_SUCCESS &&
-        smem_sym_bytes == sizeof(int)) {
-        int smem = 0;
-        SYMM_CU(cu, cuMemcpyDtoH(&smem, smem_sym, sizeof smem));
-        if (smem < 0)
-            return symm_fail(SYMM_ERR_UNSUPPORTED, "symm_variant_create: variant %s: symm_dispatch_smem = %d: expected >= 0 (regenerate the variant)",
-                             v->desc->name, smem);
-        v->dispatch_smem = (unsigned)smem;
-        if (smem > 0)
-            SYMM_CU(cu, cuFuncSetAttribute(v->fn_dispatch, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
-    }
+    /* The kernels stage rows in dynamic shared memory (bulk copies). */
+    SYMM_TRY(dynamic_smem(v, v->fn_dispatch, "symm_dispatch_smem", &v->dispatch_smem));
+    SYMM_TRY(dynamic_smem(v, v->fn_combine, "symm_combine_smem", &v->combine_smem));
 
     const int sms = symm_device_sm_count(v->dev);
     CUfunction waiting[2] = {v->fn_dispatch, v->fn_combine};
-    const size_t dynamic_smem[2] = {v->dispatch_smem, 0};
+    const size_t dynamic_smem[2] = {v->dispatch_smem, v->combine_smem};
     for (int i = 0; i < 2; i++) {
         int per_sm = 0;
         SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, dynamic_smem[i]));
@@ -341,7 +353,7 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
         base_args(v, &k);
         k.y = (CUdeviceptr)y;
         k.out = (CUdeviceptr)out;
-        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream,
+        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, v->combine_smem, &k, stream,
                     "combine: launch of symm_combine");
     }
     if (st == SYMM_OK)

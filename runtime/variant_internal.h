@@ -32,7 +32,7 @@ struct symm_variant {
     CUmodule module;
     CUfunction fn_dispatch, fn_combine;             /* native backend */
     CUfunction fn_gather, fn_scatter, fn_reduce;    /* NCCL backend */
-    unsigned dispatch_smem;    /* dynamic shared memory of symm_dispatch (bulk-copy buffers) */
+    unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */
     double jit_ms;
     bool jit_cache_hit;
