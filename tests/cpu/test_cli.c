@@ -772,6 +772,7 @@ Test(cli, compile_of_the_default_spec_reports_a_time_per_variant, .timeout = 300
     char total[64];
     FMT(total, "compiled %d variants for sm_90a in ", variants);
     cr_assert(strstr(r.err, total), "no total: %s", r.err);
+    cr_assert(!strstr(r.err, "warning"), "NVRTC warns: %s", r.err);
     cr_assert(exists_at("out/default/manifest.json") || exists_at("out/small/manifest.json"));
     printf("symmgen --compile: %d variants in %.0f ms\n", variants, r.ms);
     result_free(&r);
@@ -840,6 +841,8 @@ Test(cli, every_variant_of_every_spec_in_specs_compiles, .timeout = 1200)
         char total[64];
         FMT(total, "compiled %d variants for sm_90a in ", variants);
         cr_assert(variants > 0 && strstr(r.err, total), "%s: %s", e->d_name, r.err);
+        /* Warnings are errors, in the kernels we generate too. */
+        cr_assert(!strstr(r.err, "warning"), "%s: NVRTC warns: %s", e->d_name, r.err);
         printf("symmgen --check --compile %s: %d variants in %.0f ms\n", e->d_name, variants, r.ms);
         result_free(&r);
         result_free(&list);
