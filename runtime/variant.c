@@ -137,10 +137,10 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
 
     const int sms = symm_device_sm_count(v->dev);
     CUfunction waiting[2] = {v->fn_dispatch, v->fn_combine};
-    const size_t dynamic_smem[2] = {v->dispatch_smem, v->combine_smem};
+    const size_t smem[2] = {v->dispatch_smem, v->combine_smem};
     for (int i = 0; i < 2; i++) {
         int per_sm = 0;
-        SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, dynamic_smem[i]));
+        SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, smem[i]));
         if ((int64_t)per_sm * sms < v->desc->sms)
             return symm_fail(SYMM_ERR_UNSUPPORTED,
                              "symm_variant_create: variant %s: sms = %d blocks cannot all be resident "

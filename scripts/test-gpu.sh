@@ -8,8 +8,8 @@
 #     several ranks per GPU (time-sliced: correctness only, the quick matrix;
 #     a variant above 2^22 elements per rank's input runs again from the
 #     same spec generated with max_tokens = 128, every other field kept, so
-#     that every shape, dtype and layout is checked and the whole run still
-#     fits in a few minutes).
+#     that every shape, dtype and layout is checked at a size time-slicing
+#     can afford).
 # Without a GPU it says "skipped: no GPU" and exits 0.
 # usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
 set -uo pipefail
