@@ -13,8 +13,9 @@
 #define SG_REGION_ALIGN 256
 /* Bytes of the per-variant state record (see STATE in templates/variant.cu.in). */
 #define SG_STATE_BYTES 256
-/* Signal kinds: count published, dispatch rows arrived, combine rows arrived. */
-#define SG_SIGNAL_KINDS 3
+/* Signal kinds: count published, dispatch rows arrived. Combine waits per
+ * COMBINE_IN slot on combine_flags, not on a signal. */
+#define SG_SIGNAL_KINDS 2
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
