@@ -19,6 +19,8 @@ else
 BUILD     ?= build
 endif
 SPEC      ?= specs/default.lua
+# make test-gpu checks every spec (scripts/test-gpu.sh) unless SPEC is given.
+GPU_SPEC  := $(if $(filter file,$(origin SPEC)),,$(SPEC))
 VERSION   := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 
 CC        ?= gcc
@@ -162,7 +164,7 @@ test: deps
 
 test-gpu:
 	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK)
-	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(SPEC) scripts/test-gpu.sh $(GPU_TESTS)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(GPU_SPEC) scripts/test-gpu.sh $(GPU_TESTS)
 
 bench:
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)

@@ -1546,6 +1546,8 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
     fprintf(f, "%sroutings: uniform = top-k distinct experts uniformly; zipf = Zipf(s = %.1f) over expert ids,\n"
                "%s  expert 0 hottest, so the low ranks' experts take most rows. Seed 0x%" PRIx64 ".\n",
             li, MOE_ZIPF_S, li, b->seed);
+    const char *tune = getenv("SYMM_TUNE");
+    fprintf(f, "%skernel tuning (SYMM_TUNE): %s.\n", li, tune && *tune ? tune : "the defaults");
 }
 
 static void print_results(FILE *f, const bench *b, bool markdown)
@@ -1880,8 +1882,10 @@ static int run(bench *b, const variant_plan *plans, int n)
     }
     make_streams(b);
     size_rows(b, symm_device_granularity(b->dev));
-    say(b, "moe_bench: %d ranks, %d variants, %d reps after %d warm-up, seed 0x%" PRIx64 "%s\n", b->size, n,
-        b->o->reps, b->o->warmup, b->seed, b->o->no_nccl ? ", without NCCL" : "");
+    const char *tune = getenv("SYMM_TUNE");
+    say(b, "moe_bench: %d ranks, %d variants, %d reps after %d warm-up, seed 0x%" PRIx64 "%s, tuning %s\n",
+        b->size, n, b->o->reps, b->o->warmup, b->seed, b->o->no_nccl ? ", without NCCL" : "",
+        tune && *tune ? tune : "default");
     guard_cache gc = {0};
     for (int v = 0; v < n; v++)
         bench_variant(b, &gc, plans, n, v);

@@ -12,6 +12,7 @@
 #include "symm_heap.h"
 #include "symm_jit.h"
 #include "symm_variant.h"
+#include "tune.h"
 #include "variant_internal.h"
 
 /* Threads per block of the kernels (templates/variant.cu.in). */
@@ -106,12 +107,26 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     SYMM_TRY(symm_jit_device_arch(symm_device_handle(v->dev), arch, sizeof arch));
     char source_name[96];
     snprintf(source_name, sizeof source_name, "%s.cu", v->desc->name);
+    /* The variant's NVRTC options, then the tuning's -D options. */
+    symm_tune tune;
+    if (opts && opts->tune)
+        SYMM_TRY(symm_tune_parse(opts->tune, "symm_variant_options.tune", &tune));
+    else
+        SYMM_TRY(symm_tune_parse(getenv("SYMM_TUNE"), "SYMM_TUNE", &tune));
+    const int n_desc = v->desc->n_nvrtc_options > 0 ? v->desc->n_nvrtc_options : 0;
+    const char **options = calloc((size_t)(n_desc + tune.count) + 1, sizeof *options);
+    if (!options)
+        return symm_fail(SYMM_ERR_NOMEM, "symm_variant_create: out of host memory");
+    for (int i = 0; i < n_desc; i++)
+        options[i] = v->desc->nvrtc_options[i];
+    for (int i = 0; i < tune.count; i++)
+        options[n_desc + i] = tune.option[i];
     symm_jit_request req = {
         .source = v->desc->source,
         .source_name = source_name,
         .arch = arch,
-        .options = v->desc->nvrtc_options,
-        .option_count = (size_t)v->desc->n_nvrtc_options,
+        .options = options,
+        .option_count = (size_t)(n_desc + tune.count),
         .cache_dir = opts ? opts->cache_dir : NULL,
     };
     symm_jit_result res;
@@ -122,6 +137,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         st = symm_jit_load(res.cubin, res.cubin_size, &v->module);
     }
     symm_jit_result_free(&res);
+    free(options);
     SYMM_TRY(st);
     SYMM_TRY(symm_jit_get_function(v->module, "symm_dispatch", &v->fn_dispatch));
     SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));

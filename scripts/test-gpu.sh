@@ -9,7 +9,9 @@
 #     a variant above 2^22 elements per rank's input runs again from the
 #     same spec generated with max_tokens = 128, every other field kept, so
 #     that every shape, dtype and layout is checked at a size time-slicing
-#     can afford).
+#     can afford);
+#   - with the default spec, its world-2 variants again at both ends of the
+#     tuning knobs' ranges (SYMM_TUNE, README "Tuning").
 # Without a GPU it says "skipped: no GPU" and exits 0.
 # usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
 set -uo pipefail
@@ -75,5 +77,16 @@ for spec in $specs; do
         fi
     done
 done
+# The tuning knobs (README "Tuning") at the ends of their ranges: the same
+# results, bit for bit, on the default spec at world 2 (quick matrix).
+if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
+    out=$build/gpu-out/default
+    for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16" \
+                "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_BATCH=1,SUM_UNROLL=8,SUM_GATHER=1"; do
+        note "default: world 2, native, SYMM_TUNE=$tune"
+        SYMM_TUNE=$tune $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --quick
+        record $? "check default world 2, SYMM_TUNE=$tune"
+    done
+fi
 echo "test-gpu: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -67,6 +67,8 @@ typedef struct symm_variant_options {
     symm_backend backend;
     const char *cache_dir;    /* JIT cache; NULL: the default (SYMM_CACHE_DIR, ...) */
     double timeout_s;         /* device waits; 0: the world's timeout */
+    const char *tune;         /* kernel tuning, "NAME=value,..." (README, "Tuning");
+                                 NULL: SYMM_TUNE from the environment, else none */
 } symm_variant_options;
 
 typedef struct symm_variant symm_variant;

@@ -1,0 +1,84 @@
+/* tune.c: SYMM_TUNE and symm_variant_options.tune (see tune.h). The names and
+ * ranges match the static_asserts of templates/variant.cu.in, which check
+ * them again at compile time. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "tune.h"
+
+static const struct knob {
+    const char *name;
+    long min, max;
+} knobs[] = {
+    {"BULK_SLOTS", 1, 4},  /* staging buffers per copying warp (dispatch, combine's push) */
+    {"PUSH_WARPS", 1, 16}, /* combine: warps per block that push rows before summing */
+    {"PUSH_BATCH", 1, 32}, /* combine: rows a push warp moves per flag fence */
+    {"SUM_UNROLL", 1, 8},  /* combine: output vectors per lane in flight */
+    {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
+};
+_Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
+
+const char *symm_tune_knobs(void)
+{
+    return "BULK_SLOTS 1..4, PUSH_WARPS 1..16, PUSH_BATCH 1..32, SUM_UNROLL 1..8, SUM_GATHER 1..16";
+}
+
+static symm_status bad(symm_tune *out, const char *origin, const char *item, size_t len, const char *why)
+{
+    out->count = 0;
+    return symm_fail(SYMM_ERR_INVALID_ARG, "%s: \"%.*s\": %s (knobs: %s; items NAME=value, separated by "
+                     "commas or spaces)", origin, (int)(len > 64 ? 64 : len), item, why, symm_tune_knobs());
+}
+
+symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out)
+{
+    out->count = 0;
+    if (!text)
+        return SYMM_OK;
+    unsigned seen = 0;
+    const char *p = text;
+    for (;;) {
+        while (*p == ',' || isspace((unsigned char)*p))
+            p++;
+        if (!*p)
+            return SYMM_OK;
+        const char *item = p;
+        while (*p && *p != ',' && !isspace((unsigned char)*p))
+            p++;
+        const size_t len = (size_t)(p - item);
+        const char *eq = memchr(item, '=', len);
+        if (!eq)
+            return bad(out, origin, item, len, "expected NAME=value");
+        const size_t name_len = (size_t)(eq - item);
+        size_t k = 0;
+        while (k < SYMM_ARRAY_LEN(knobs) &&
+               !(strlen(knobs[k].name) == name_len && !memcmp(knobs[k].name, item, name_len)))
+            k++;
+        if (k == SYMM_ARRAY_LEN(knobs))
+            return bad(out, origin, item, len, "unknown knob");
+        if (seen & (1u << k))
+            return bad(out, origin, item, len, "knob given twice");
+        seen |= 1u << k;
+        char digits[24];
+        const size_t vlen = len - name_len - 1;
+        if (vlen == 0 || vlen >= sizeof digits)
+            return bad(out, origin, item, len, "expected an integer value");
+        memcpy(digits, eq + 1, vlen);
+        digits[vlen] = '\0';
+        char *end;
+        errno = 0;
+        long v = strtol(digits, &end, 10);
+        if (errno || *end || !isdigit((unsigned char)digits[0]))
+            return bad(out, origin, item, len, "expected an integer value");
+        if (v < knobs[k].min || v > knobs[k].max) {
+            char why[64];
+            snprintf(why, sizeof why, "out of range %ld..%ld", knobs[k].min, knobs[k].max);
+            return bad(out, origin, item, len, why);
+        }
+        snprintf(out->option[out->count++], SYMM_TUNE_OPTION_LEN, "-DSYMM_TUNE_%s=%ld", knobs[k].name, v);
+    }
+}

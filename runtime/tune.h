@@ -1,0 +1,33 @@
+/* tune.h: the tuning knobs of the generated kernels (SYMM_TUNE, or
+ * symm_variant_options.tune). Internal.
+ *
+ * A tuning is "NAME=value" items separated by commas or spaces, for example
+ * "PUSH_WARPS=4,PUSH_BATCH=8". Each item becomes the NVRTC option
+ * -DSYMM_TUNE_NAME=value. No knob changes what the kernels compute or the
+ * layout of any buffer, so ranks may even differ; each one only moves work
+ * between warps or changes how many copies are in flight. The JIT cache key
+ * includes the options, so every tuning has its own cache entries. */
+#ifndef SYMM_TUNE_H
+#define SYMM_TUNE_H
+
+#include "symm_status.h"
+
+#define SYMM_TUNE_MAX_ITEMS 8
+#define SYMM_TUNE_OPTION_LEN 48
+
+typedef struct symm_tune {
+    int count;
+    char option[SYMM_TUNE_MAX_ITEMS][SYMM_TUNE_OPTION_LEN]; /* "-DSYMM_TUNE_NAME=value" */
+} symm_tune;
+
+/* Parses text (NULL or empty: no knob). origin names where the text came from
+ * in error messages ("SYMM_TUNE", "symm_variant_options.tune"). On error out
+ * is empty and the message names the item, what was wrong and the knobs with
+ * their ranges. */
+symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out);
+
+/* The knobs and their ranges, for messages and documentation:
+ * "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...". */
+const char *symm_tune_knobs(void);
+
+#endif

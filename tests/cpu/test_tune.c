@@ -1,0 +1,245 @@
+/* test_tune.c: the kernel tuning knobs (runtime/tune.c, SYMM_TUNE): what the
+ * parser accepts and refuses, and that generated variants compile with every
+ * knob at its minimum, at its maximum and at fresh random values, without a
+ * warning and into code that differs from the default (NVRTC needs no GPU).
+ * Knobs out of range that bypass the parser stop at the template's
+ * static_asserts. */
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "symm_jit.h"
+#include "tune.h"
+
+#define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
+
+static uint64_t rng_state;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static int rnd_in(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
+
+static void seed(void)
+{
+    rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
+    if (!rng_state)
+        rng_state = 1;
+}
+
+static const struct {
+    const char *name;
+    int min, max;
+} knobs[] = {
+    {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 8}, {"SUM_GATHER", 1, 16},
+};
+#define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
+
+/* ---- the parser ---------------------------------------------------------- */
+
+TestSuite(tune, .init = seed);
+
+Test(tune, nothing_means_no_option)
+{
+    symm_tune t;
+    cr_assert_eq(symm_tune_parse(NULL, "SYMM_TUNE", &t), SYMM_OK);
+    cr_assert_eq(t.count, 0);
+    cr_assert_eq(symm_tune_parse("", "SYMM_TUNE", &t), SYMM_OK);
+    cr_assert_eq(t.count, 0);
+    cr_assert_eq(symm_tune_parse(" ,, \t", "SYMM_TUNE", &t), SYMM_OK);
+    cr_assert_eq(t.count, 0);
+}
+
+/* Every knob in a random order with a random value in range, separated by
+ * commas or spaces: one -D option each, in the order given. */
+Test(tune, every_knob_in_range_becomes_one_define)
+{
+    for (int round = 0; round < 50; round++) {
+        int order[N_KNOBS], value[N_KNOBS];
+        for (int i = 0; i < N_KNOBS; i++)
+            order[i] = i;
+        for (int i = N_KNOBS - 1; i > 0; i--) {
+            int j = rnd_in(0, i), t = order[i];
+            order[i] = order[j], order[j] = t;
+        }
+        const int n = rnd_in(1, N_KNOBS);
+        char text[256] = "";
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            const int k = order[i];
+            value[i] = rnd_in(knobs[k].min, knobs[k].max);
+            const char *sep = i == 0 ? (rnd() % 2 ? " " : "") : (rnd() % 2 ? "," : " \t");
+            at += (size_t)snprintf(text + at, sizeof text - at, "%s%s=%d", sep, knobs[k].name, value[i]);
+        }
+        symm_tune t;
+        cr_assert_eq(symm_tune_parse(text, "SYMM_TUNE", &t), SYMM_OK, "\"%s\": %s", text, symm_last_error());
+        cr_assert_eq(t.count, n, "\"%s\"", text);
+        for (int i = 0; i < n; i++) {
+            char want[64];
+            FMT(want, "-DSYMM_TUNE_%s=%d", knobs[order[i]].name, value[i]);
+            cr_assert_str_eq(t.option[i], want, "\"%s\"", text);
+        }
+    }
+}
+
+static void refused(const char *text, const char *item, const char *why)
+{
+    symm_tune t;
+    t.count = 3;
+    cr_assert_eq(symm_tune_parse(text, "symm_variant_options.tune", &t), SYMM_ERR_INVALID_ARG, "\"%s\" accepted", text);
+    cr_assert_eq(t.count, 0, "\"%s\": options left after an error", text);
+    const char *msg = symm_last_error();
+    char quoted[128];
+    FMT(quoted, "\"%s\"", item);
+    cr_assert(strstr(msg, "symm_variant_options.tune"), "\"%s\": no origin: %s", text, msg);
+    cr_assert(strstr(msg, quoted), "\"%s\": the item is not named: %s", text, msg);
+    cr_assert(strstr(msg, why), "\"%s\": expected \"%s\" in: %s", text, why, msg);
+    cr_assert(strstr(msg, "PUSH_WARPS 1..16"), "\"%s\": the knobs are not listed: %s", text, msg);
+}
+
+Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
+{
+    refused("PUSH_WARPS", "PUSH_WARPS", "expected NAME=value");
+    refused("PUSH_WARPS=4,PUSH_WRAPS=4", "PUSH_WRAPS=4", "unknown knob");
+    refused("push_warps=4", "push_warps=4", "unknown knob");
+    refused("=4", "=4", "unknown knob");
+    refused("PUSH_WARPS=", "PUSH_WARPS=", "expected an integer value");
+    refused("PUSH_WARPS=4x", "PUSH_WARPS=4x", "expected an integer value");
+    refused("PUSH_WARPS=-4", "PUSH_WARPS=-4", "expected an integer value");
+    refused("PUSH_WARPS=+4", "PUSH_WARPS=+4", "expected an integer value");
+    refused("PUSH_WARPS=99999999999999999999999", "PUSH_WARPS=99999999999999999999999",
+            "expected an integer value");
+    refused("SUM_UNROLL=2 SUM_UNROLL=4", "SUM_UNROLL=4", "knob given twice");
+    for (int k = 0; k < N_KNOBS; k++) {
+        char item[64], range[32];
+        FMT(range, "out of range %d..%d", knobs[k].min, knobs[k].max);
+        FMT(item, "%s=%d", knobs[k].name, knobs[k].max + rnd_in(1, 1000));
+        refused(item, item, range);
+        FMT(item, "%s=0", knobs[k].name);
+        refused(item, item, range);
+    }
+}
+
+/* ---- compiling tuned variants -------------------------------------------- */
+
+static char work[64];
+
+static int rm_entry(const char *p, const struct stat *s, int f, struct FTW *w)
+{
+    (void)s, (void)f, (void)w;
+    return remove(p);
+}
+
+static void gen_setup(void)
+{
+    seed();
+    const char *build = getenv("SYMM_BUILD_DIR");
+    char cmd[PATH_MAX + 200];
+    FMT(work, "/tmp/symm-tune-XXXXXX");
+    cr_assert(mkdtemp(work) != NULL);
+    FMT(cmd, "%s/bin/symmgen -q -o %s specs/default.lua", build ? build : "build", work);
+    cr_assert_eq(system(cmd), 0, "%s failed (run from the repository root, after the build)", cmd);
+}
+
+static void gen_teardown(void)
+{
+    if (work[0])
+        nftw(work, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *read_variant(const char *name)
+{
+    char path[128];
+    FMT(path, "%s/%s.cu", work, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *src = malloc((size_t)n + 1);
+    cr_assert(src && fread(src, 1, (size_t)n, f) == (size_t)n);
+    src[n] = '\0';
+    fclose(f);
+    return src;
+}
+
+/* Compiles with -DSYMM_TUNE_<knob>=<value> for each knob (value[k] < 0: not
+ * given); returns the status, and the cubin in *res when it compiled. */
+static symm_status compile_tuned(const char *name, const char *src, const int *value, symm_jit_result *res)
+{
+    static char defs[N_KNOBS][48];
+    const char *options[N_KNOBS];
+    int n = 0;
+    for (int k = 0; k < N_KNOBS; k++)
+        if (value[k] >= 0) {
+            FMT(defs[n], "-DSYMM_TUNE_%s=%d", knobs[k].name, value[k]);
+            options[n] = defs[n];
+            n++;
+        }
+    symm_jit_request req = {.source = src, .source_name = name, .arch = "sm_90a", .options = options,
+                            .option_count = (size_t)n, .flags = SYMM_JIT_NO_CACHE};
+    return symm_jit_compile(&req, res);
+}
+
+/* A rank variant (2 sources per token) and an expert one (8 sources, hidden
+ * 7168): the default, every knob at its minimum, at its maximum, and random. */
+Test(tune, variants_compile_at_the_ends_of_every_range_and_at_random_values, .init = gen_setup,
+     .fini = gen_teardown, .timeout = 600)
+{
+    const char *names[] = {"bf16_rank_w2", "bf16_expert_a64_w4"};
+    for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
+        char *src = read_variant(names[v]);
+        int none[N_KNOBS], lo[N_KNOBS], hi[N_KNOBS], random[N_KNOBS];
+        for (int k = 0; k < N_KNOBS; k++)
+            none[k] = -1, lo[k] = knobs[k].min, hi[k] = knobs[k].max,
+            random[k] = rnd() % 4 ? rnd_in(knobs[k].min, knobs[k].max) : -1;
+        symm_jit_result base;
+        cr_assert_eq(compile_tuned(names[v], src, none, &base), SYMM_OK, "%s: %s", names[v], symm_last_error());
+        const int *tunings[] = {lo, hi, random};
+        const char *what[] = {"minimum", "maximum", "random"};
+        for (int t = 0; t < 3; t++) {
+            symm_jit_result res;
+            symm_status st = compile_tuned(names[v], src, tunings[t], &res);
+            cr_assert_eq(st, SYMM_OK, "%s, every knob at its %s: %s", names[v], what[t], symm_last_error());
+            cr_assert_str_eq(res.log, "", "%s, %s: NVRTC warns: %s", names[v], what[t], res.log);
+            if (t < 2)
+                cr_assert(res.cubin_size != base.cubin_size || memcmp(res.cubin, base.cubin, res.cubin_size),
+                          "%s, every knob at its %s: the same code as the default", names[v], what[t]);
+            symm_jit_result_free(&res);
+        }
+        symm_jit_result_free(&base);
+        free(src);
+    }
+}
+
+/* A value the parser refuses never reaches NVRTC; given directly, the
+ * template's static_assert stops it, naming the knob. */
+Test(tune, the_template_refuses_out_of_range_knobs_itself, .init = gen_setup, .fini = gen_teardown,
+     .timeout = 600)
+{
+    char *src = read_variant("bf16_rank_w2");
+    const int k = rnd_in(0, N_KNOBS - 1);
+    int value[N_KNOBS];
+    for (int i = 0; i < N_KNOBS; i++)
+        value[i] = -1;
+    value[k] = rnd() % 2 ? 0 : knobs[k].max + 1;
+    symm_jit_result res;
+    symm_status st = compile_tuned("bf16_rank_w2", src, value, &res);
+    cr_assert_neq(st, SYMM_OK, "%s=%d compiled", knobs[k].name, value[k]);
+    char want[64];
+    FMT(want, "SYMM_TUNE_%s", knobs[k].name);
+    cr_assert(strstr(symm_last_error(), want) || (res.log && strstr(res.log, want)),
+              "%s=%d: the error does not name the knob: %s", knobs[k].name, value[k], symm_last_error());
+    symm_jit_result_free(&res);
+    free(src);
+}
