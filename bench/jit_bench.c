@@ -3,23 +3,34 @@
  * cache miss that also stores the entry, a cache hit, and (with a GPU)
  * loading the cubin. Caches go to a temporary directory, removed at the end.
  *
- *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [-- NVRTC options...]
+ *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [--evict] [--lead MS] [-- NVRTC options...]
  *
- * The default arch is sm_90a (Hopper), GPU or not. */
+ * The default arch is sm_90a (Hopper), GPU or not. --evict drops NVRTC's
+ * library files from the page cache first (posix_fadvise DONTNEED), as on a
+ * host where nothing has read them since boot; --lead MS calls
+ * symm_jit_prefetch and waits MS milliseconds (what bootstrap and CUDA
+ * initialisation take) before the first compile. The share of each file in
+ * the page cache is printed before the first compile. */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
+#include "nvrtc_api.h"
 #include "symm_jit.h"
 
 typedef struct bench_args {
     const char *file;
     const char *arch;
     int iters;
+    bool evict;
+    int lead_ms;
     const char *const *options;
     size_t option_count;
 } bench_args;
@@ -27,7 +38,7 @@ typedef struct bench_args {
 static int usage(const char *why)
 {
     fprintf(stderr, "jit_bench: %s\nusage: jit_bench FILE.cu [--arch sm_90a] [--iters N] "
-                    "[-- NVRTC options...]\n", why);
+                    "[--evict] [--lead MS] [-- NVRTC options...]\n", why);
     return 2;
 }
 
@@ -41,6 +52,14 @@ static int parse_args(int argc, char **argv, bench_args *a)
             break;
         } else if (!strcmp(argv[i], "--arch") && i + 1 < argc) {
             a->arch = argv[++i];
+        } else if (!strcmp(argv[i], "--evict")) {
+            a->evict = true;
+        } else if (!strcmp(argv[i], "--lead") && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 0 || n > 60000)
+                return usage("--lead: expected milliseconds, 0..60000");
+            a->lead_ms = (int)n;
         } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
             char *end;
             long n = strtol(argv[++i], &end, 10);
@@ -77,6 +96,60 @@ static char *read_source(const char *path)
     }
     fclose(f);
     return src;
+}
+
+/* The share of path's pages in the page cache (mincore), in percent; -1
+ * when it cannot be read. With evict, its clean pages that no process maps
+ * are dropped from the cache first. */
+static double cached_percent(const char *path, bool evict, double *mb)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (evict)
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    off_t size = lseek(fd, 0, SEEK_END);
+    double pct = -1;
+    void *map = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (map != MAP_FAILED) {
+        const long page = sysconf(_SC_PAGESIZE);
+        const size_t pages = ((size_t)size + (size_t)page - 1) / (size_t)page;
+        unsigned char *vec = malloc(pages);
+        if (vec && mincore(map, (size_t)size, vec) == 0) {
+            size_t in = 0;
+            for (size_t i = 0; i < pages; i++)
+                in += vec[i] & 1;
+            pct = 100.0 * (double)in / (double)pages;
+        }
+        free(vec);
+        munmap(map, (size_t)size);
+    }
+    close(fd);
+    *mb = (double)size / 1e6;
+    return pct;
+}
+
+/* --evict and --lead, then how much of NVRTC's files is cached. */
+static void page_cache(const bench_args *a)
+{
+    const symm_nvrtc_api *nv;
+    char paths[2][PATH_MAX];
+    int n = symm_nvrtc(&nv) == SYMM_OK ? symm_nvrtc_files(nv, paths, 2) : 0;
+    double mb;
+    for (int i = 0; a->evict && i < n; i++)
+        cached_percent(paths[i], true, &mb);
+    if (a->lead_ms > 0) {
+        symm_status st = symm_jit_prefetch();
+        struct timespec lead = {a->lead_ms / 1000, (long)(a->lead_ms % 1000) * 1000000L};
+        nanosleep(&lead, NULL);
+        printf("  symm_jit_prefetch (%s), then %d ms of other work before the first compile\n",
+               st == SYMM_OK ? "ok" : symm_last_error(), a->lead_ms);
+    }
+    for (int i = 0; i < n; i++) {
+        double pct = cached_percent(paths[i], false, &mb);
+        printf("  page cache before the first compile%s: %s (%.1f MB): %.0f%% cached\n",
+               a->evict ? " (after --evict)" : "", paths[i], mb, pct);
+    }
 }
 
 static int compare_double(const void *a, const void *b)
@@ -169,6 +242,7 @@ static int run(const bench_args *a, const char *src, const char *dir, double *ms
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double load_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    page_cache(a);
     if (compile(&req, &res, &ms[0], false))
         return -1;
     printf("jit_bench: %s for %s, NVRTC %d.%d, cubin %zu bytes, %d iterations\n", a->file,
