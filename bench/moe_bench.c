@@ -102,7 +102,7 @@ typedef struct options {
     const char *manifest, *csv, *markdown, *groups;
     int reps, warmup;
     uint64_t seed;
-    bool no_nccl, nccl_plain, plan;
+    bool no_nccl, nccl_plain, plan, profile;
 } options;
 
 static void usage(FILE *f)
@@ -128,6 +128,10 @@ static void usage(FILE *f)
             "  --seed S         seed of routings and inputs (default: fresh, printed)\n"
             "  --no-nccl        skip the NCCL backend and raw NCCL (their columns stay empty)\n"
             "  --nccl-plain     time raw NCCL with plain calls instead of a CUDA graph\n"
+            "  --profile        build the native kernels with the tuning knob PROFILE=1 and, after\n"
+            "                   each row's timing, print when each phase of dispatch and combine\n"
+            "                   ended (median of 20 plain calls, per rank; the timings then include\n"
+            "                   the profile's few atomics)\n"
             "  --plan           print the rows, their remote bytes and each variant's memory;\n"
             "                   needs neither a GPU nor a launcher\n"
             "  -h, --help       this text\n"
@@ -197,6 +201,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->no_nccl = true;
         } else if (!strcmp(a, "--nccl-plain")) {
             o->nccl_plain = true;
+        } else if (!strcmp(a, "--profile")) {
+            o->profile = true;
         } else if (!strcmp(a, "--plan")) {
             o->plan = true;
         } else {
@@ -1023,6 +1029,50 @@ static bool capture_pairs(bench *b, pair_works *pw, const char **mode, char *why
 /* Time dispatch and combine of v at one row (graphs for the native backend,
  * plain calls for the NCCL backend). *ok false (agreed by all ranks) with a
  * note when a capture, a call or the statistics after the timing failed. */
+/* --profile: PROFILE_CALLS single plain dispatch + combine pairs, each
+ * starting after a host and a device barrier, the phase times of each read
+ * after it (symm_variant_profile_read); rank 0 prints every rank's medians. */
+#define PROFILE_CALLS 20
+#define PROFILE_FIELDS 7
+
+static int compare_double(const void *x, const void *y)
+{
+    const double a = *(const double *)x, c = *(const double *)y;
+    return (a > c) - (a < c);
+}
+
+static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
+{
+    double t[PROFILE_FIELDS][PROFILE_CALLS];
+    for (int i = 0; i < PROFILE_CALLS; i++) {
+        CHECK(b, "profile", symm_world_barrier(b->world));
+        CHECK(b, "profile", device_barrier(b));
+        CHECK(b, "profile: dispatch", issue_dispatch(b, (void *)c, b->stream));
+        CHECK(b, "profile: combine", issue_combine(b, (void *)c, b->stream));
+        symm_variant_profile p;
+        CHECK(b, "symm_variant_profile_read", symm_variant_profile_read(c->v, b->stream, &p));
+        const double f[PROFILE_FIELDS] = {p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_rows_out_us,
+                                          p.dispatch_rows_in_us, p.dispatch_us, p.combine_pushed_us, p.combine_us};
+        for (int j = 0; j < PROFILE_FIELDS; j++)
+            t[j][i] = f[j];
+    }
+    double mine[PROFILE_FIELDS], *all = calloc((size_t)b->size * PROFILE_FIELDS, sizeof *all);
+    if (!all)
+        die(b, "profile", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
+    for (int j = 0; j < PROFILE_FIELDS; j++) {
+        qsort(t[j], PROFILE_CALLS, sizeof t[j][0], compare_double);
+        mine[j] = t[j][PROFILE_CALLS / 2];
+    }
+    CHECK(b, "symm_world_allgather (profile)", symm_world_allgather(b->world, mine, all, sizeof mine));
+    for (int q = 0; q < b->size; q++) {
+        const double *m = all + (size_t)q * PROFILE_FIELDS;
+        say(b, "    profile %-10s rank %d (us from the kernel's start, median of %d single pairs): dispatch: "
+               "counts out %.1f, in %.1f, rows out %.1f, in %.1f, end %.1f; combine: pushed %.1f, end %.1f\n",
+            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
+    }
+    free(all);
+}
+
 static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *db, const row_result *r,
                        stat2 *dispatch, stat2 *combine, const char **mode, bool *ok, char *note)
 {
@@ -1058,6 +1108,8 @@ static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *d
     if (*ok) {
         *dispatch = slowest_rank(b, us);
         *combine = slowest_rank(b, us + reps);
+        if (b->o->profile)
+            profile_calls(b, &c, r);
     }
     work_release(b, &pw.whole);
     work_release(b, &pw.dispatch);
@@ -1070,6 +1122,12 @@ static symm_variant *create_variant(bench *b, const symm_variant_desc *d, symm_b
                                     char *note)
 {
     symm_variant_options vo = {.backend = backend};
+    char tune[512];
+    if (b->o->profile && backend == SYMM_BACKEND_NATIVE) {
+        const char *env = getenv("SYMM_TUNE");
+        snprintf(tune, sizeof tune, "%s%s%s", env && *env ? env : "", env && *env ? "," : "", "PROFILE=1");
+        vo.tune = tune;
+    }
     symm_variant *v = NULL;
     char why[NOTE_LEN] = "";
     struct timespec t0;

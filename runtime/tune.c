@@ -19,17 +19,19 @@ static const struct knob {
     {"PUSH_BATCH", 1, 32}, /* combine: rows a push warp moves per flag fence */
     {"SUM_UNROLL", 1, 8},  /* combine: output vectors per lane in flight */
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
+    {"PROFILE", 0, 1},     /* 1: the kernels record phase times (symm_variant_profile_read) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
 const char *symm_tune_knobs(void)
 {
-    return "BULK_SLOTS 1..4, PUSH_WARPS 1..16, PUSH_BATCH 1..32, SUM_UNROLL 1..8, SUM_GATHER 1..16";
+    return "BULK_SLOTS 1..4, PUSH_WARPS 1..16, PUSH_BATCH 1..32, SUM_UNROLL 1..8, SUM_GATHER 1..16, PROFILE 0..1";
 }
 
 static symm_status bad(symm_tune *out, const char *origin, const char *item, size_t len, const char *why)
 {
     out->count = 0;
+    out->profile = false;
     return symm_fail(SYMM_ERR_INVALID_ARG, "%s: \"%.*s\": %s (knobs: %s; items NAME=value, separated by "
                      "commas or spaces)", origin, (int)(len > 64 ? 64 : len), item, why, symm_tune_knobs());
 }
@@ -37,6 +39,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
 symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out)
 {
     out->count = 0;
+    out->profile = false;
     if (!text)
         return SYMM_OK;
     unsigned seen = 0;
@@ -80,5 +83,7 @@ symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out
             return bad(out, origin, item, len, why);
         }
         snprintf(out->option[out->count++], SYMM_TUNE_OPTION_LEN, "-DSYMM_TUNE_%s=%ld", knobs[k].name, v);
+        if (!strcmp(knobs[k].name, "PROFILE"))
+            out->profile = v == 1;
     }
 }

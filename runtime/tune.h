@@ -10,6 +10,8 @@
 #ifndef SYMM_TUNE_H
 #define SYMM_TUNE_H
 
+#include <stdbool.h>
+
 #include "symm_status.h"
 
 #define SYMM_TUNE_MAX_ITEMS 8
@@ -17,6 +19,7 @@
 
 typedef struct symm_tune {
     int count;
+    bool profile; /* PROFILE=1: the kernels record phase times */
     char option[SYMM_TUNE_MAX_ITEMS][SYMM_TUNE_OPTION_LEN]; /* "-DSYMM_TUNE_NAME=value" */
 } symm_tune;
 

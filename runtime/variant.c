@@ -113,6 +113,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         SYMM_TRY(symm_tune_parse(opts->tune, "symm_variant_options.tune", &tune));
     else
         SYMM_TRY(symm_tune_parse(getenv("SYMM_TUNE"), "SYMM_TUNE", &tune));
+    v->profile = tune.profile;
     const int n_desc = v->desc->n_nvrtc_options > 0 ? v->desc->n_nvrtc_options : 0;
     const char **options = calloc((size_t)(n_desc + tune.count) + 1, sizeof *options);
     if (!options)
@@ -188,6 +189,8 @@ static void release(symm_variant *v)
         on_destroy(on_destroy_arg);
 }
 
+static symm_status profile_reset(symm_variant *v, CUstream stream);
+
 symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc,
                                 const symm_variant_options *opts, symm_variant **out)
 {
@@ -227,6 +230,8 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
             local = symm_cuda_check(cu->cuMemsetD8(v->scratch, 0, desc->scratch_bytes), "cuMemsetD8(scratch)");
         if (local == SYMM_OK)
             local = load_kernels(v, opts);
+        if (local == SYMM_OK && v->profile)
+            local = profile_reset(v, NULL);
         st = symm_agree(world, local, "symm_variant_create: setting up the variant");
     }
     if (st == SYMM_OK && v->backend == SYMM_BACKEND_NCCL)
@@ -405,6 +410,48 @@ symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out)
     out->expert_count = region_ptr(v, SYMM_REGION_EXPERT_COUNT);
     out->expert_offset = v->desc->layout == SYMM_LAYOUT_EXPERT ? region_ptr(v, SYMM_REGION_EXPERT_OFFSET) : 0;
     out->rows = region_ptr(v, SYMM_REGION_STATE) + offsetof(device_state, recv_rows);
+    return SYMM_OK;
+}
+
+/* The profile slots back to "nothing recorded": the starts to the largest
+ * value (they keep the minimum), the ends to 0. */
+static symm_status profile_reset(symm_variant *v, CUstream stream)
+{
+    static const uint64_t empty[SYMM_PROFILE_SLOTS] = {
+        [SYMM_PROF_DISPATCH_START] = UINT64_MAX, [SYMM_PROF_COMBINE_START] = UINT64_MAX};
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, empty, sizeof empty, stream));
+    SYMM_CU(cu, cuStreamSynchronize(stream));
+    return SYMM_OK;
+}
+
+symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_variant_profile *out)
+{
+    if (!v || !out)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_profile_read: %s is NULL", v ? "out" : "variant");
+    if (!v->profile)
+        return symm_fail(SYMM_ERR_STATE, "symm_variant_profile_read: %s was created without the tuning knob "
+                         "PROFILE=1 (SYMM_TUNE or symm_variant_options.tune)", v->desc->name);
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    SYMM_CU(cu, cuStreamSynchronize(stream));
+    uint64_t t[SYMM_PROFILE_SLOTS];
+    SYMM_CU(cu, cuMemcpyDtoH(t, region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, sizeof t));
+    SYMM_TRY(profile_reset(v, stream));
+    /* Microseconds after the kernel's start; -1 where nothing was recorded. */
+    const uint64_t d0 = t[SYMM_PROF_DISPATCH_START], c0 = t[SYMM_PROF_COMBINE_START];
+#define SINCE(start, i) ((start) != UINT64_MAX && t[i] >= (start) ? (double)(t[i] - (start)) / 1e3 : -1.0)
+    *out = (symm_variant_profile){
+        .dispatch_counted_us = SINCE(d0, 1),
+        .dispatch_counts_in_us = SINCE(d0, 2),
+        .dispatch_rows_out_us = SINCE(d0, 3),
+        .dispatch_rows_in_us = SINCE(d0, 4),
+        .dispatch_us = SINCE(d0, 5),
+        .combine_pushed_us = SINCE(c0, 9),
+        .combine_us = SINCE(c0, 10),
+    };
+#undef SINCE
     return SYMM_OK;
 }
 

@@ -20,6 +20,13 @@ typedef struct device_state {
 } device_state;
 _Static_assert(sizeof(device_state) == 56, "device_state mirrors State in variant.cu.in");
 
+/* The profile slots (PROFILE=1): 16 u64 of %globaltimer at this offset of
+ * the state record, indexed as ProfileSlot in variant.cu.in; slots 0 and 8
+ * (the starts) keep the earliest value, the others the latest. */
+#define SYMM_PROFILE_OFFSET 128
+#define SYMM_PROFILE_SLOTS 16
+enum { SYMM_PROF_DISPATCH_START = 0, SYMM_PROF_COMBINE_START = 8 };
+
 struct symm_variant {
     symm_world *world;
     const symm_variant_desc *desc;
@@ -34,6 +41,7 @@ struct symm_variant {
     CUfunction fn_gather, fn_scatter, fn_reduce;    /* NCCL backend */
     unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */
+    bool profile;              /* created with PROFILE=1 (symm_variant_profile_read) */
     double jit_ms;
     bool jit_cache_hit;
     struct symm_variant_nccl *nccl; /* NCCL backend state, or NULL */

@@ -143,6 +143,28 @@ typedef struct symm_variant_stats {
  * and created again. stats may be NULL. */
 symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
 
+/* Where the time of dispatch and combine goes, on a variant created with the
+ * tuning knob PROFILE=1 (SYMM_TUNE or symm_variant_options.tune; the kernels
+ * then read %globaltimer at the end of each phase, a few atomics per block).
+ * Microseconds from the earliest block's start of the kernel on this rank's
+ * GPU, the latest block or warp for each phase. */
+typedef struct symm_variant_profile {
+    double dispatch_counted_us;   /* this rank's counts published to every peer */
+    double dispatch_counts_in_us; /* every peer's counts arrived */
+    double dispatch_rows_out_us;  /* this rank's rows landed and were announced */
+    double dispatch_rows_in_us;   /* every peer's rows arrived */
+    double dispatch_us;           /* the kernel's last warp done */
+    double combine_pushed_us;     /* every received row pushed back and flagged */
+    double combine_us;            /* every sum written */
+} symm_variant_profile;
+
+/* The profile of the calls since the last read (earliest start, latest ends:
+ * read after each dispatch + combine for one call's phases), after the work
+ * queued so far on stream has finished (this synchronizes that stream); then
+ * starts afresh. A phase no call reached reads -1. SYMM_ERR_STATE when the
+ * variant was not created with PROFILE=1. */
+symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_variant_profile *out);
+
 #ifdef __cplusplus
 }
 #endif

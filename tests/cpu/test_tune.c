@@ -42,6 +42,7 @@ static const struct {
     int min, max;
 } knobs[] = {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 8}, {"SUM_GATHER", 1, 16},
+    {"PROFILE", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -84,11 +85,14 @@ Test(tune, every_knob_in_range_becomes_one_define)
         symm_tune t;
         cr_assert_eq(symm_tune_parse(text, "SYMM_TUNE", &t), SYMM_OK, "\"%s\": %s", text, symm_last_error());
         cr_assert_eq(t.count, n, "\"%s\"", text);
+        bool profile = false;
         for (int i = 0; i < n; i++) {
             char want[64];
             FMT(want, "-DSYMM_TUNE_%s=%d", knobs[order[i]].name, value[i]);
             cr_assert_str_eq(t.option[i], want, "\"%s\"", text);
+            profile |= !strcmp(knobs[order[i]].name, "PROFILE") && value[i] == 1;
         }
+        cr_assert_eq(t.profile, profile, "\"%s\": profile %d", text, t.profile);
     }
 }
 
@@ -125,8 +129,10 @@ Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
         FMT(range, "out of range %d..%d", knobs[k].min, knobs[k].max);
         FMT(item, "%s=%d", knobs[k].name, knobs[k].max + rnd_in(1, 1000));
         refused(item, item, range);
-        FMT(item, "%s=0", knobs[k].name);
-        refused(item, item, range);
+        if (knobs[k].min > 0) {
+            FMT(item, "%s=0", knobs[k].name);
+            refused(item, item, range);
+        }
     }
 }
 
@@ -173,15 +179,17 @@ static char *read_variant(const char *name)
     return src;
 }
 
-/* Compiles with -DSYMM_TUNE_<knob>=<value> for each knob (value[k] < 0: not
- * given); returns the status, and the cubin in *res when it compiled. */
+#define NOT_GIVEN INT_MIN
+
+/* Compiles with -DSYMM_TUNE_<knob>=<value> for each knob (NOT_GIVEN: none);
+ * returns the status, and the cubin in *res when it compiled. */
 static symm_status compile_tuned(const char *name, const char *src, const int *value, symm_jit_result *res)
 {
     static char defs[N_KNOBS][48];
     const char *options[N_KNOBS];
     int n = 0;
     for (int k = 0; k < N_KNOBS; k++)
-        if (value[k] >= 0) {
+        if (value[k] != NOT_GIVEN) {
             FMT(defs[n], "-DSYMM_TUNE_%s=%d", knobs[k].name, value[k]);
             options[n] = defs[n];
             n++;
@@ -201,8 +209,8 @@ Test(tune, variants_compile_at_the_ends_of_every_range_and_at_random_values, .in
         char *src = read_variant(names[v]);
         int none[N_KNOBS], lo[N_KNOBS], hi[N_KNOBS], random[N_KNOBS];
         for (int k = 0; k < N_KNOBS; k++)
-            none[k] = -1, lo[k] = knobs[k].min, hi[k] = knobs[k].max,
-            random[k] = rnd() % 4 ? rnd_in(knobs[k].min, knobs[k].max) : -1;
+            none[k] = NOT_GIVEN, lo[k] = knobs[k].min, hi[k] = knobs[k].max,
+            random[k] = rnd() % 4 ? rnd_in(knobs[k].min, knobs[k].max) : NOT_GIVEN;
         symm_jit_result base;
         cr_assert_eq(compile_tuned(names[v], src, none, &base), SYMM_OK, "%s: %s", names[v], symm_last_error());
         const int *tunings[] = {lo, hi, random};
@@ -231,8 +239,8 @@ Test(tune, the_template_refuses_out_of_range_knobs_itself, .init = gen_setup, .f
     const int k = rnd_in(0, N_KNOBS - 1);
     int value[N_KNOBS];
     for (int i = 0; i < N_KNOBS; i++)
-        value[i] = -1;
-    value[k] = rnd() % 2 ? 0 : knobs[k].max + 1;
+        value[i] = NOT_GIVEN;
+    value[k] = rnd() % 2 ? knobs[k].min - 1 : knobs[k].max + 1;
     symm_jit_result res;
     symm_status st = compile_tuned("bf16_rank_w2", src, value, &res);
     cr_assert_neq(st, SYMM_OK, "%s=%d compiled", knobs[k].name, value[k]);

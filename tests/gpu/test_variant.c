@@ -953,6 +953,63 @@ Test(variant, tokens_dev_above_max_tokens_is_clamped_and_reported)
     vt_end(&t);
 }
 
+/* ---- 3b. tuning and the profile ------------------------------------------------------------ */
+
+/* PROFILE=1 (with other knobs at random values) leaves every result exact;
+ * the phase times of one call come in order, and the next read, with no call
+ * in between, finds nothing. A variant without it refuses the read. */
+Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_order)
+{
+    vt t;
+    vt_setup(&t, "profile", ANY, 0);
+    symm_variant_options plain = native_options();
+    vt_open(&t, &plain);
+    symm_variant_profile p;
+    cr_assert_eq(symm_variant_profile_read(t.v, t.stream, &p), SYMM_ERR_STATE, "read without PROFILE=1");
+    cr_assert(strstr(symm_last_error(), "PROFILE=1"), "%s", symm_last_error());
+    vt_close(&t);
+
+    /* The same knobs on every rank (from the shared seed), PROFILE=1 last. */
+    unsigned long long s = t.seed;
+    char tune[160];
+    snprintf(tune, sizeof tune, "PUSH_WARPS=%d,PUSH_BATCH=%d,BULK_SLOTS=%d,SUM_UNROLL=%d, PROFILE=1",
+             1 + (int)(next_random(&s) % 16), 1 + (int)(next_random(&s) % 32), 1 + (int)(next_random(&s) % 4),
+             1 + (int)(next_random(&s) % 8));
+    symm_variant_options o = native_options();
+    o.tune = tune;
+    vt_open(&t, &o);
+    for (uint64_t call = 1; call <= 3; call++) {
+        int tokens[MAX_W];
+        random_tokens(&t, tokens, 200 + call);
+        gpu_case c;
+        gpu_case_upload(&t, &c, moe_rng_for(t.seed, 7, call).s, t.seed ^ (call << 8), tokens, false);
+        gpu_case_poison(&t, &c);
+        gpu_case_call(&t, &c, call, false);
+        EXPECT_OK(symm_variant_profile_read(t.v, t.stream, &p));
+        const double d[] = {p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_rows_out_us,
+                            p.dispatch_rows_in_us, p.dispatch_us};
+        for (int i = 0; i < 5; i++)
+            cr_assert(d[i] >= 0 && (i == 0 || d[i] >= d[i - 1]) && d[i] < 60e6,
+                      "rank %d, %s, call %llu: dispatch phase %d at %.1f us (phases %.1f %.1f %.1f %.1f %.1f)",
+                      t.c.rank, tune, (unsigned long long)call, i, d[i], d[0], d[1], d[2], d[3], d[4]);
+        cr_assert(p.combine_us >= 0 && p.combine_us < 60e6, "rank %d: combine end %.1f us", t.c.rank, p.combine_us);
+        /* Push warps run when this rank received rows from peers; the
+         * phase is then before the end. */
+        cr_assert(p.combine_pushed_us <= p.combine_us, "rank %d: pushed %.1f us after the end %.1f us", t.c.rank,
+                  p.combine_pushed_us, p.combine_us);
+        if (t.c.rank == 0 && call == 1)
+            printf("profile (%s, %s, 2 ranks time-sliced: not a timing): dispatch %.1f %.1f %.1f %.1f %.1f, "
+                   "combine %.1f %.1f us\n", t.name, tune, d[0], d[1], d[2], d[3], d[4], p.combine_pushed_us,
+                   p.combine_us);
+        EXPECT_OK(symm_variant_profile_read(t.v, t.stream, &p));
+        cr_assert(p.dispatch_counted_us == -1 && p.dispatch_us == -1 && p.combine_us == -1,
+                  "rank %d: a read with no call in between found %.1f %.1f %.1f", t.c.rank, p.dispatch_counted_us,
+                  p.dispatch_us, p.combine_us);
+        gpu_case_free(&c);
+    }
+    vt_end(&t);
+}
+
 /* ---- 4. backends -------------------------------------------------------------------------- */
 
 Test(variant, nccl_backend_refuses_stream_capture_saying_why)
