@@ -13,28 +13,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "moe_inputs.h"
 #include "symm_jit.h"
 #include "tune.h"
 
 #define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
 
-static uint64_t rng_state;
+static moe_rng rng;
 
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
+static uint32_t rnd(void) { return (uint32_t)(moe_rng_next(&rng) >> 32); }
 
-static int rnd_in(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
+static int rnd_in(int lo, int hi) { return lo + moe_rng_int(&rng, hi - lo + 1); }
 
 static void seed(void)
 {
-    rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
-    if (!rng_state)
-        rng_state = 1;
+    rng.s = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
 }
 
 static const struct {
