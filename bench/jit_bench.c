@@ -1,18 +1,31 @@
 /* jit_bench.c: what the JIT costs at job start, for one .cu file: loading
  * NVRTC, the first compile in a process, a compile in a warm process, a
  * cache miss that also stores the entry, a cache hit, and (with a GPU)
- * loading the cubin. Caches go to a temporary directory, removed at the end.
+ * loading the cubin. Our caches go to a temporary directory, removed at the
+ * end.
  *
- *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [--evict] [--lead MS] [-- NVRTC options...]
+ *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [--evict] [-- NVRTC options...]
  *
- * The default arch is sm_90a (Hopper), GPU or not. --evict drops NVRTC's
- * library files from the page cache first (posix_fadvise DONTNEED), as on a
- * host where nothing has read them since boot; --lead MS calls
- * symm_jit_prefetch and waits MS milliseconds (what bootstrap and CUDA
- * initialisation take) before the first compile. The share of each file in
- * the page cache is printed before the first compile. */
+ * The default arch is sm_90a (Hopper), GPU or not. With a GPU, CUDA is
+ * initialised first (cuInit, the primary context of device 0), as the
+ * runtime does before it compiles a variant, and that time is printed on its
+ * own: NVRTC 13 opens the driver too (below), and on a freshly started
+ * machine the first cuInit alone takes hundreds of milliseconds.
+ *
+ * NVRTC 13 keeps a cache of its own where a driver is present, in the
+ * driver's compute cache (~/.nv/ComputeCache; CUDA_CACHE_DISABLE=1 turns it
+ * off, CUDA_CACHE_PATH moves it). A compile "without cache" here bypasses
+ * ours, not NVRTC's: run once more with CUDA_CACHE_DISABLE=1 for what NVRTC
+ * itself costs. The header says which it is.
+ *
+ * --evict drops NVRTC's library files from the page cache first
+ * (posix_fadvise DONTNEED; pages a process maps stay), as on a host where
+ * something else pushed them out; the share of each file in the page cache
+ * is printed before the first compile. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +43,6 @@ typedef struct bench_args {
     const char *arch;
     int iters;
     bool evict;
-    int lead_ms;
     const char *const *options;
     size_t option_count;
 } bench_args;
@@ -38,7 +50,7 @@ typedef struct bench_args {
 static int usage(const char *why)
 {
     fprintf(stderr, "jit_bench: %s\nusage: jit_bench FILE.cu [--arch sm_90a] [--iters N] "
-                    "[--evict] [--lead MS] [-- NVRTC options...]\n", why);
+                    "[--evict] [-- NVRTC options...]\n", why);
     return 2;
 }
 
@@ -54,12 +66,6 @@ static int parse_args(int argc, char **argv, bench_args *a)
             a->arch = argv[++i];
         } else if (!strcmp(argv[i], "--evict")) {
             a->evict = true;
-        } else if (!strcmp(argv[i], "--lead") && i + 1 < argc) {
-            char *end;
-            long n = strtol(argv[++i], &end, 10);
-            if (*end || n < 0 || n > 60000)
-                return usage("--lead: expected milliseconds, 0..60000");
-            a->lead_ms = (int)n;
         } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
             char *end;
             long n = strtol(argv[++i], &end, 10);
@@ -129,22 +135,29 @@ static double cached_percent(const char *path, bool evict, double *mb)
     return pct;
 }
 
-/* --evict and --lead, then how much of NVRTC's files is cached. */
-static void page_cache(const bench_args *a)
+/* The files of the NVRTC that was opened: the library, and the builtins
+ * library it opens at its first compile (same directory). */
+static int nvrtc_files(char (*paths)[PATH_MAX])
 {
     const symm_nvrtc_api *nv;
+    Dl_info info;
+    if (symm_nvrtc(&nv) != SYMM_OK || !dladdr((void *)nv->nvrtcVersion, &info) || !info.dli_fname)
+        return 0;
+    const char *slash = strrchr(info.dli_fname, '/');
+    const int dir = slash ? (int)(slash - info.dli_fname + 1) : 0;
+    snprintf(paths[0], PATH_MAX, "%s", info.dli_fname);
+    snprintf(paths[1], PATH_MAX, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname, nv->major, nv->minor);
+    return access(paths[1], R_OK) == 0 ? 2 : 1;
+}
+
+/* --evict, then how much of NVRTC's files is cached. */
+static void page_cache(const bench_args *a)
+{
     char paths[2][PATH_MAX];
-    int n = symm_nvrtc(&nv) == SYMM_OK ? symm_nvrtc_files(nv, paths, 2) : 0;
+    const int n = nvrtc_files(paths);
     double mb;
     for (int i = 0; a->evict && i < n; i++)
         cached_percent(paths[i], true, &mb);
-    if (a->lead_ms > 0) {
-        symm_status st = symm_jit_prefetch();
-        struct timespec lead = {a->lead_ms / 1000, (long)(a->lead_ms % 1000) * 1000000L};
-        nanosleep(&lead, NULL);
-        printf("  symm_jit_prefetch (%s), then %d ms of other work before the first compile\n",
-               st == SYMM_OK ? "ok" : symm_last_error(), a->lead_ms);
-    }
     for (int i = 0; i < n; i++) {
         double pct = cached_percent(paths[i], false, &mb);
         printf("  page cache before the first compile%s: %s (%.1f MB): %.0f%% cached\n",
@@ -185,23 +198,27 @@ static int compile(symm_jit_request *req, symm_jit_result *res, double *ms, bool
     return 0;
 }
 
-/* Module load times, when a GPU is present. */
-static void bench_load(const symm_jit_result *res, int iters, double *ms)
+/* CUDA initialised as the runtime does before compiling: cuInit and the
+ * primary context of device 0, made current. False without a GPU. */
+static bool cuda_start(CUdevice *dev, double *ms)
 {
     const symm_cuda_api *cu;
-    CUdevice dev;
     CUcontext ctx;
     int count = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (symm_cuda(&cu) != SYMM_OK || cu->cuDeviceGetCount(&count) != CUDA_SUCCESS || !count ||
-        cu->cuDeviceGet(&dev, 0) != CUDA_SUCCESS) {
-        printf("  %-38s skipped: no GPU\n", "module load (symm_jit_load):");
-        return;
-    }
-    if (cu->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-        printf("  %-38s skipped: no context on device 0\n", "module load (symm_jit_load):");
-        return;
-    }
+        cu->cuDeviceGet(dev, 0) != CUDA_SUCCESS || cu->cuDevicePrimaryCtxRetain(&ctx, *dev) != CUDA_SUCCESS ||
+        cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return false;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    return true;
+}
+
+/* Module load times (the context of cuda_start is current). */
+static void bench_load(const symm_jit_result *res, int iters, double *ms)
+{
     for (int i = 0; i < iters; i++) {
         CUmodule mod;
         struct timespec t0, t1;
@@ -210,14 +227,12 @@ static void bench_load(const symm_jit_result *res, int iters, double *ms)
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (st != SYMM_OK) {
             printf("  %-38s failed: %s\n", "module load (symm_jit_load):", symm_last_error());
-            cu->cuDevicePrimaryCtxRelease(dev);
             return;
         }
         ms[i] = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
         symm_jit_unload(mod);
     }
     report("module load (symm_jit_load):", ms, iters);
-    cu->cuDevicePrimaryCtxRelease(dev);
 }
 
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -243,11 +258,18 @@ static int run(const bench_args *a, const char *src, const char *dir, double *ms
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double load_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
     page_cache(a);
+    CUdevice dev;
+    double cuda_ms = 0;
+    const bool gpu = cuda_start(&dev, &cuda_ms);
     if (compile(&req, &res, &ms[0], false))
         return -1;
-    printf("jit_bench: %s for %s, NVRTC %d.%d, cubin %zu bytes, %d iterations\n", a->file,
-           a->arch, major, minor, res.cubin_size, a->iters);
+    const char *off = getenv("CUDA_CACHE_DISABLE");
+    printf("jit_bench: %s for %s, NVRTC %d.%d, cubin %zu bytes, %d iterations; NVRTC's own cache %s\n", a->file,
+           a->arch, major, minor, res.cubin_size, a->iters,
+           !gpu ? "off (no driver)" : off && !strcmp(off, "1") ? "off (CUDA_CACHE_DISABLE=1)" : "on (the driver's compute cache)");
     printf("  %-38s %9.3f ms\n", "NVRTC library load (dlopen):", load_ms);
+    if (gpu)
+        printf("  %-38s %9.3f ms\n", "CUDA init (cuInit, context):", cuda_ms);
     printf("  %-38s %9.3f ms (NVRTC %.3f ms)\n", "first compile in process:", ms[0],
            res.compile_ms);
     symm_jit_result_free(&res);
@@ -278,7 +300,14 @@ static int run(const bench_args *a, const char *src, const char *dir, double *ms
             symm_jit_result_free(&res);
     }
     report("cache hit (read + verify):", ms, a->iters);
-    bench_load(&res, a->iters, ms);
+    if (gpu) {
+        bench_load(&res, a->iters, ms);
+        const symm_cuda_api *cu;
+        if (symm_cuda(&cu) == SYMM_OK)
+            cu->cuDevicePrimaryCtxRelease(dev);
+    } else {
+        printf("  %-38s skipped: no GPU\n", "module load (symm_jit_load):");
+    }
     symm_jit_result_free(&res);
     return 0;
 }

@@ -1,18 +1,15 @@
 /* nvrtc.c: opens libnvrtc at run time and resolves the functions of
  * nvrtc_api.h, once per process. */
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "nvrtc_api.h"
-#include "symm_jit.h"
 
 static symm_nvrtc_api api;
 static symm_status load_status = SYMM_ERR_NVRTC;
@@ -118,99 +115,4 @@ const char *symm_nvrtc_error(const symm_nvrtc_api *nv, nvrtcResult result)
 {
     const char *s = nv && nv->nvrtcGetErrorString ? nv->nvrtcGetErrorString(result) : NULL;
     return s ? s : "NVRTC_ERROR_UNKNOWN";
-}
-
-/* The files of the NVRTC that was opened: the library, and the builtins
- * library it opens at its first compile (same directory). */
-int symm_nvrtc_files(const symm_nvrtc_api *nv, char (*paths)[PATH_MAX], int max)
-{
-    Dl_info info;
-    if (!nv || max < 1 || !dladdr((void *)nv->nvrtcVersion, &info) || !info.dli_fname || !info.dli_fname[0])
-        return 0;
-    int n = 0;
-    if (snprintf(paths[n], PATH_MAX, "%s", info.dli_fname) < PATH_MAX)
-        n++;
-    const char *slash = strrchr(info.dli_fname, '/');
-    const int dir = slash ? (int)(slash - info.dli_fname + 1) : 0;
-    if (n < max && snprintf(paths[n], PATH_MAX, "%.*slibnvrtc-builtins.so.%d.%d", dir, info.dli_fname,
-                            nv->major, nv->minor) < PATH_MAX && access(paths[n], R_OK) == 0)
-        n++;
-    return n;
-}
-
-/* Reads NVRTC's files once, so that the page cache holds them when the first
- * compile needs them. posix_fadvise(WILLNEED) is not enough: Linux reads
- * ahead at most the device's readahead window of it (measured: a quarter of
- * libnvrtc.so cached 300 ms later). The files are mapped by the caller, which
- * closes its descriptors at once (no descriptor outlives the call); a
- * detached thread touches every page of the mappings, then unmaps them. */
-typedef struct mapped_file {
-    void *at;
-    size_t size;
-} mapped_file;
-
-static void *touch_files(void *arg)
-{
-    mapped_file *files = arg;
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    /* The small builtins library first: the compile opens it early. */
-    for (int i = 1; i >= 0; i--) {
-        if (!files[i].at)
-            continue;
-        unsigned sum = 0;
-        for (size_t off = 0; off < files[i].size; off += page)
-            sum += ((volatile const unsigned char *)files[i].at)[off];
-        (void)sum;
-        munmap(files[i].at, files[i].size);
-    }
-    return NULL;
-}
-
-static void prefetch_files(void)
-{
-    static mapped_file files[2];
-    char paths[2][PATH_MAX];
-    pthread_once(&load_once, load_nvrtc);
-    const int n = load_status == SYMM_OK ? symm_nvrtc_files(&api, paths, 2) : 0;
-    int mapped = 0;
-    for (int i = 0; i < n; i++) {
-        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        off_t size = lseek(fd, 0, SEEK_END);
-        void *at = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-        close(fd);
-        if (at == MAP_FAILED)
-            continue;
-        (void)madvise(at, (size_t)size, MADV_SEQUENTIAL);
-        files[mapped++] = (mapped_file){at, (size_t)size};
-    }
-    if (!mapped)
-        return;
-    /* A detached thread that only reads: the caller goes on at once. */
-    pthread_attr_t attr;
-    pthread_t thread;
-    int started = -1;
-    if (pthread_attr_init(&attr) == 0) {
-        if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
-            started = pthread_create(&thread, &attr, touch_files, files);
-        pthread_attr_destroy(&attr);
-    }
-    if (started != 0)
-        for (int i = 0; i < mapped; i++)
-            munmap(files[i].at, files[i].size);
-}
-
-void symm_nvrtc_prefetch(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, prefetch_files);
-}
-
-symm_status symm_jit_prefetch(void)
-{
-    symm_nvrtc_prefetch();
-    if (load_status != SYMM_OK)
-        return symm_fail(load_status, "%s", load_message);
-    return SYMM_OK;
 }

@@ -51,13 +51,4 @@ int symm_nvrtc_open(const char *const *candidates, size_t count, symm_nvrtc_api 
 /* NVRTC's name for a result ("NVRTC_ERROR_COMPILATION"). */
 const char *symm_nvrtc_error(const symm_nvrtc_api *api, nvrtcResult result);
 
-/* The files of the opened NVRTC (nv from symm_nvrtc): its library and, when it
- * exists beside it, the builtins library NVRTC opens at its first compile.
- * Writes up to max paths; returns how many. */
-int symm_nvrtc_files(const symm_nvrtc_api *nv, char (*paths)[PATH_MAX], int max);
-
-/* symm_jit_prefetch without a status or an error message: for callers that
- * do not need NVRTC themselves (symm_world_create). */
-void symm_nvrtc_prefetch(void);
-
 #endif

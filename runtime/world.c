@@ -21,7 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "nvrtc_api.h"
 #include "world_internal.h"
 
 /* Connections that may wait for their hello at once; beyond, the oldest is
@@ -531,9 +530,6 @@ symm_status symm_world_create(const symm_world_config *cfg, symm_world **out)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: %s is NULL", cfg ? "out" : "cfg");
     *out = NULL;
     SYMM_TRY(check_config(cfg));
-    /* The first variant compiles with NVRTC: have its libraries read while
-     * the ranks meet and CUDA starts (symm_jit_prefetch). */
-    symm_nvrtc_prefetch();
     symm_wenv *env = calloc(1, sizeof *env);
     symm_world *w = calloc(1, sizeof *w);
     int *conn = calloc((size_t)cfg->size, sizeof *conn);

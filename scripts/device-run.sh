@@ -3,7 +3,8 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, nccl, world4, world8, sanitize, bench, rtbench
+#        check, nccl, world4, world8, sanitize, bench, profile, tune, rtbench
+#        (profile and tune: NOTES.md entry 5's plan, on 2 GPUs)
 set -uo pipefail
 build=$1; shift
 # Logs go to one archive under $OUT (the device tool brings back few files).
@@ -28,6 +29,7 @@ nvidia-smi -L > "$out/machine.log"
 $build/bin/symmgen -q -o out/default specs/default.lua >> "$out/machine.log" 2>&1
 $build/bin/symmgen -q -o out/models specs/models.lua >> "$out/machine.log" 2>&1
 $build/bin/symmgen -q -o out/worlds specs/worlds.lua >> "$out/machine.log" 2>&1
+$build/bin/symmgen -q -o out/bench specs/bench.lua >> "$out/machine.log" 2>&1
 for s in "$@"; do
     case $s in
     runtime)
@@ -55,11 +57,16 @@ for s in "$@"; do
         done ;;
     selfcheck) step selfcheck 120 scripts/selfcheck.sh "$build" ;;
     bench) step bench 420 env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
+    profile) step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
+            --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
+    tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
+            default PUSH_WARPS=4 PUSH_WARPS=12 PUSH_BATCH=8 PUSH_BATCH=16 BULK_SLOTS=3 BULK_SLOTS=1 SUM_UNROLL=8
+          [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
     world8) step check-w8 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 10 ;;
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, tune)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

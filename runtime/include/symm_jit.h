@@ -121,16 +121,6 @@ void symm_jit_result_free(symm_jit_result *res);
  * SYMM_ERR_NVRTC when NVRTC is not available. */
 symm_status symm_jit_nvrtc_version(int *major, int *minor);
 
-/* Start reading NVRTC's libraries (about 110 MB for CUDA 13) into the page
- * cache, without waiting for the disk: on a host where nothing has read them
- * since boot the first compile otherwise waits for that read (measured on an
- * H200 host: 0.92 s for the first compile, 0.14 s once the files were
- * cached). Opens NVRTC (dlopen) if it is not open yet; once per process,
- * later calls return at once. symm_world_create calls it, so the read
- * overlaps bootstrap and CUDA initialisation; call it earlier, at process
- * start, to hide more. SYMM_ERR_NVRTC when NVRTC is not available. */
-symm_status symm_jit_prefetch(void);
-
 /* The architecture to compile for on a GPU of compute capability
  * major.minor: "sm_<major><minor>", with the suffix "a" from 9.0 on (sm_90a,
  * sm_100a, sm_103a, sm_110a, sm_120a, ...), which enables the

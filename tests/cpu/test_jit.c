@@ -12,11 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <nvrtc.h>
@@ -852,61 +850,4 @@ Test(jit, load_rejects_what_is_not_a_cubin_before_any_driver_call)
     cr_assert_eq(symm_jit_load(NULL, 100, &mod), SYMM_ERR_INVALID_ARG);
     cr_assert_eq(symm_jit_get_function(NULL, "fill", &(CUfunction){0}), SYMM_ERR_INVALID_ARG);
     cr_assert_eq(symm_jit_unload(NULL), SYMM_OK);
-}
-
-/* The share of path's pages in the page cache; with evict, drops them first
- * (those no process maps). */
-static double cached_share(const char *path, bool evict)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
-    if (evict)
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    off_t size = lseek(fd, 0, SEEK_END);
-    cr_assert(size > 0, "%s is empty", path);
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-    cr_assert(map != MAP_FAILED);
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = ((size_t)size + page - 1) / page;
-    unsigned char *vec = malloc(pages);
-    cr_assert(vec && mincore(map, (size_t)size, vec) == 0);
-    size_t in = 0;
-    for (size_t i = 0; i < pages; i++)
-        in += vec[i] & 1;
-    free(vec);
-    munmap(map, (size_t)size);
-    close(fd);
-    return (double)in / (double)pages;
-}
-
-/* symm_jit_prefetch reads NVRTC's library and builtins into the page cache
- * in the background: evicted first, they are whole in the cache soon after,
- * and the call itself does not wait for that. */
-Test(jit, prefetch_brings_nvrtc_files_into_the_page_cache_without_waiting)
-{
-    const symm_nvrtc_api *nv;
-    cr_assert_eq(symm_nvrtc(&nv), SYMM_OK, "%s", symm_last_error());
-    char paths[2][PATH_MAX];
-    const int n = symm_nvrtc_files(nv, paths, 2);
-    cr_assert_eq(n, 2, "expected libnvrtc and its builtins library, found %d file(s)", n);
-    cr_assert(strstr(paths[0], "libnvrtc.so") && strstr(paths[1], "libnvrtc-builtins.so"), "%s, %s",
-              paths[0], paths[1]);
-    double before[2];
-    for (int i = 0; i < n; i++)
-        before[i] = cached_share(paths[i], true);
-    if (before[0] == 1.0 && before[1] == 1.0)
-        cr_skip_test("this file system keeps NVRTC's files cached through POSIX_FADV_DONTNEED");
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    cr_assert_eq(symm_jit_prefetch(), SYMM_OK, "%s", symm_last_error());
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double call_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-    cr_assert(call_ms < 50, "symm_jit_prefetch took %.1f ms: it should not wait for the disk", call_ms);
-    for (int i = 0; i < n; i++) {
-        double share = 0;
-        for (int tries = 0; tries < 300 && (share = cached_share(paths[i], false)) < 1.0; tries++)
-            usleep(100000);
-        cr_assert(share == 1.0, "%s: %.0f%% cached 30 s after symm_jit_prefetch (%.0f%% after eviction)",
-                  paths[i], 100 * share, 100 * before[i]);
-    }
-    cr_assert_eq(symm_jit_prefetch(), SYMM_OK, "a second call");
 }
