@@ -98,7 +98,8 @@ typedef struct symm_jit_result {
 
 /* Compile req->source for req->arch, or take the cubin from the cache.
  * NVRTC gets, in this order: --gpu-architecture=<arch>, -std=c++17,
- * -default-device, -I<CUDA_HOME or /usr/local/cuda>/include (when that
+ * -default-device, -split-compile=0 (NVRTC 12.4 and later: the kernels are
+ * optimised in parallel threads), -I<CUDA_HOME or /usr/local/cuda>/include (when that
  * directory exists), then req->options (a later option overrides an earlier
  * one, with a warning in the log; the architecture is set only through
  * req->arch, never as an option). No math option (--fmad, --use_fast_math)
