@@ -4,7 +4,11 @@
  * loading the cubin. Our caches go to a temporary directory, removed at the
  * end.
  *
- *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [--evict] [-- NVRTC options...]
+ *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [--evict] [--parts N] [-- NVRTC options...]
+ *
+ * --parts 2 compiles the file as the runtime compiles a variant: dispatch
+ * and the rest as two programs at once (symm_jit_compile_parts); the times
+ * are wall times of both, the cubin sizes part 1's.
  *
  * The default arch is sm_90a (Hopper), GPU or not. With a GPU, CUDA is
  * initialised first (cuInit, the primary context of device 0), as the
@@ -38,6 +42,8 @@
 #include "nvrtc_api.h"
 #include "symm_jit.h"
 
+static int g_parts = 1; /* --parts */
+
 typedef struct bench_args {
     const char *file;
     const char *arch;
@@ -50,7 +56,7 @@ typedef struct bench_args {
 static int usage(const char *why)
 {
     fprintf(stderr, "jit_bench: %s\nusage: jit_bench FILE.cu [--arch sm_90a] [--iters N] "
-                    "[--evict] [-- NVRTC options...]\n", why);
+                    "[--evict] [--parts N] [-- NVRTC options...]\n", why);
     return 2;
 }
 
@@ -64,6 +70,12 @@ static int parse_args(int argc, char **argv, bench_args *a)
             break;
         } else if (!strcmp(argv[i], "--arch") && i + 1 < argc) {
             a->arch = argv[++i];
+        } else if (!strcmp(argv[i], "--parts") && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > SYMM_JIT_MAX_PARTS)
+                return usage("--parts: expected 1..4");
+            g_parts = (int)n;
         } else if (!strcmp(argv[i], "--evict")) {
             a->evict = true;
         } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
@@ -178,9 +190,32 @@ static void report(const char *what, double *ms, int n)
 }
 
 /* One compile; on failure prints why and returns -1. */
+/* --parts N: the source is compiled as N parts at once, as the runtime does
+ * (symm_jit_compile_parts); *res is then part 1 and the time the wall time. */
+
+static symm_status compile_as_parts(symm_jit_request *req, symm_jit_result *res)
+{
+    if (g_parts == 1)
+        return symm_jit_compile(req, res);
+    symm_jit_result part[SYMM_JIT_MAX_PARTS];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    symm_status st = symm_jit_compile_parts(req, g_parts, part);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    bool hit = true;
+    for (int i = 1; i < g_parts; i++) {
+        hit &= part[i].cache_hit;
+        symm_jit_result_free(&part[i]);
+    }
+    *res = part[0];
+    res->cache_hit &= hit;
+    res->total_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    return st;
+}
+
 static int compile(symm_jit_request *req, symm_jit_result *res, double *ms, bool want_hit)
 {
-    symm_status st = symm_jit_compile(req, res);
+    symm_status st = compile_as_parts(req, res);
     if (st != SYMM_OK) {
         fprintf(stderr, "jit_bench: %s\n", symm_last_error());
         symm_jit_result_free(res);
@@ -264,8 +299,8 @@ static int run(const bench_args *a, const char *src, const char *dir, double *ms
     if (compile(&req, &res, &ms[0], false))
         return -1;
     const char *off = getenv("CUDA_CACHE_DISABLE");
-    printf("jit_bench: %s for %s, NVRTC %d.%d, cubin %zu bytes, %d iterations; NVRTC's own cache %s\n", a->file,
-           a->arch, major, minor, res.cubin_size, a->iters,
+    printf("jit_bench: %s for %s, NVRTC %d.%d, cubin %zu bytes, %d iterations, %d part(s); NVRTC's own cache %s\n",
+           a->file, a->arch, major, minor, res.cubin_size, a->iters, g_parts,
            !gpu ? "off (no driver)" : off && !strcmp(off, "1") ? "off (CUDA_CACHE_DISABLE=1)" : "on (the driver's compute cache)");
     printf("  %-38s %9.3f ms\n", "NVRTC library load (dlopen):", load_ms);
     if (gpu)

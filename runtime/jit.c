@@ -535,6 +535,76 @@ symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res)
     return SYMM_OK;
 }
 
+/* One part of symm_jit_compile_parts, run on a thread of its own. */
+typedef struct jit_part {
+    symm_jit_request req;
+    const char **options;
+    char define[32];
+    symm_jit_result *res;
+    symm_status status;
+    char message[1024];
+} jit_part;
+
+static void *compile_part(void *arg)
+{
+    jit_part *p = arg;
+    p->status = symm_jit_compile(&p->req, p->res);
+    if (p->status != SYMM_OK)
+        snprintf(p->message, sizeof p->message, "%s", symm_last_error());
+    return NULL;
+}
+
+symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_jit_result *res)
+{
+    if (!res)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_jit_compile_parts: res is NULL");
+    if (parts < 1 || parts > SYMM_JIT_MAX_PARTS)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_jit_compile_parts: parts %d: expected 1..%d", parts,
+                         SYMM_JIT_MAX_PARTS);
+    for (int i = 0; i < parts; i++)
+        memset(&res[i], 0, sizeof res[i]);
+    SYMM_TRY(check_request(req));
+    jit_part part[SYMM_JIT_MAX_PARTS];
+    pthread_t thread[SYMM_JIT_MAX_PARTS];
+    bool started[SYMM_JIT_MAX_PARTS] = {false};
+    memset(part, 0, sizeof part);
+    symm_status st = SYMM_OK;
+    for (int i = 0; i < parts; i++) {
+        jit_part *p = &part[i];
+        p->req = *req;
+        p->res = &res[i];
+        p->options = malloc((req->option_count + 1) * sizeof *p->options);
+        if (!p->options) {
+            st = symm_fail(SYMM_ERR_NOMEM, "symm_jit_compile_parts: out of memory");
+            break;
+        }
+        for (size_t k = 0; k < req->option_count; k++)
+            p->options[k] = req->options[k];
+        snprintf(p->define, sizeof p->define, "-DSYMM_PART=%d", i + 1);
+        p->options[req->option_count] = p->define;
+        p->req.options = p->options;
+        p->req.option_count = req->option_count + 1;
+    }
+    /* Parts 2.. on threads of their own, part 1 on this one; where a thread
+     * cannot start, its part compiles here after part 1. */
+    for (int i = 1; i < parts && st == SYMM_OK; i++)
+        started[i] = pthread_create(&thread[i], NULL, compile_part, &part[i]) == 0;
+    if (st == SYMM_OK)
+        compile_part(&part[0]);
+    for (int i = 1; i < parts && st == SYMM_OK; i++) {
+        if (started[i])
+            pthread_join(thread[i], NULL);
+        else
+            compile_part(&part[i]);
+    }
+    for (int i = 0; i < parts && st == SYMM_OK; i++)
+        if (part[i].status != SYMM_OK)
+            st = symm_fail(part[i].status, "%s", part[i].message);
+    for (int i = 0; i < parts; i++)
+        free(part[i].options);
+    return st;
+}
+
 void symm_jit_result_free(symm_jit_result *res)
 {
     if (!res)

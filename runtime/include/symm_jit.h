@@ -114,6 +114,17 @@ typedef struct symm_jit_result {
  * of the log), SYMM_ERR_NOMEM. */
 symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res);
 
+/* Compile parts 1..parts of one source at once, each with -DSYMM_PART=<i>
+ * after req->options, through the cache like symm_jit_compile, part i + 1
+ * into res[i]. The generated kernels are cut in two parts (dispatch;
+ * combine and the NCCL backend's kernels), so a variant's cold compile takes
+ * as long as its longer part instead of both. Parts 2.. run on threads of
+ * their own. Fails, with the message of the first part that failed, when any
+ * part does; every res[i] is initialised and must be released with
+ * symm_jit_result_free either way. parts: 1..SYMM_JIT_MAX_PARTS. */
+#define SYMM_JIT_MAX_PARTS 4
+symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_jit_result *res);
+
 /* Free what a compile put in *res and zero it; NULL and a zeroed result are
  * fine. */
 void symm_jit_result_free(symm_jit_result *res);

@@ -851,3 +851,70 @@ Test(jit, load_rejects_what_is_not_a_cubin_before_any_driver_call)
     cr_assert_eq(symm_jit_get_function(NULL, "fill", &(CUfunction){0}), SYMM_ERR_INVALID_ARG);
     cr_assert_eq(symm_jit_unload(NULL), SYMM_OK);
 }
+
+/* --- compiling parts at once ------------------------------------------------ */
+
+static bool has_bytes(const void *hay, size_t n, const char *needle)
+{
+    return memmem(hay, n, needle, strlen(needle) + 1) != NULL;
+}
+
+/* Parts 1 and 2 of one source, each with -DSYMM_PART=<i>: each cubin holds
+ * its part's kernel only, both are cached, and a second call hits twice. */
+Test(jit, parts_compile_at_once_each_into_its_own_cubin_and_cache_entry)
+{
+    char *src;
+    const uint32_t c = (uint32_t)rnd();
+    cr_assert(asprintf(&src,
+                       "#if SYMM_PART == 1\n"
+                       "extern \"C\" __global__ void part_one(unsigned *out) { out[threadIdx.x] = 0x%08xu; }\n"
+                       "#elif SYMM_PART == 2\n"
+                       "extern \"C\" __global__ void part_two(unsigned *out) { out[threadIdx.x] = ~0x%08xu; }\n"
+                       "#else\n"
+                       "#error SYMM_PART not given\n"
+                       "#endif\n",
+                       c, c) > 0);
+    symm_jit_request req = request(src, cache_dir);
+    symm_jit_result res[2];
+    for (int round = 0; round < 2; round++) {
+        symm_status st = symm_jit_compile_parts(&req, 2, res);
+        cr_assert_eq(st, SYMM_OK, "round %d: %s", round, symm_last_error());
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(res[i].cache_hit, round == 1, "round %d, part %d: cache_hit %d", round, i + 1,
+                         res[i].cache_hit);
+            cr_assert(has_bytes(res[i].cubin, res[i].cubin_size, i == 0 ? "part_one" : "part_two") &&
+                          !has_bytes(res[i].cubin, res[i].cubin_size, i == 0 ? "part_two" : "part_one"),
+                      "round %d: part %d's cubin holds the wrong kernel", round, i + 1);
+            symm_jit_result_free(&res[i]);
+        }
+    }
+    cr_assert_eq(count_files(cache_dir), 2, "one cache entry per part");
+    free(src);
+}
+
+/* A part that does not compile fails the call with that part's message; the
+ * other part's result is released by the caller as usual. */
+Test(jit, a_failing_part_fails_the_call_naming_its_error)
+{
+    char *src;
+    const int bad = 1 + (int)(rnd() % 2);
+    cr_assert(asprintf(&src,
+                       "#if SYMM_PART == %d\n"
+                       "#error part %d is broken on purpose\n"
+                       "#endif\n"
+                       "extern \"C\" __global__ void k(unsigned *out) { out[threadIdx.x] = SYMM_PART; }\n",
+                       bad, bad) > 0);
+    symm_jit_request req = request(src, cache_dir);
+    symm_jit_result res[2];
+    cr_assert_eq(symm_jit_compile_parts(&req, 2, res), SYMM_ERR_NVRTC);
+    char want[64];
+    snprintf(want, sizeof want, "part %d is broken on purpose", bad);
+    cr_assert(strstr(symm_last_error(), want), "%s", symm_last_error());
+    cr_assert(res[2 - bad].cubin != NULL, "the good part compiled");
+    symm_jit_result_free(&res[0]);
+    symm_jit_result_free(&res[1]);
+    cr_assert_eq(symm_jit_compile_parts(&req, 0, res), SYMM_ERR_INVALID_ARG);
+    cr_assert_eq(symm_jit_compile_parts(&req, SYMM_JIT_MAX_PARTS + 1, res), SYMM_ERR_INVALID_ARG);
+    cr_assert_eq(symm_jit_compile_parts(&req, 2, NULL), SYMM_ERR_INVALID_ARG);
+    free(src);
+}
