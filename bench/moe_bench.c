@@ -1026,20 +1026,11 @@ static bool capture_pairs(bench *b, pair_works *pw, const char **mode, char *why
     return st == SYMM_OK;
 }
 
-/* Time dispatch and combine of v at one row (graphs for the native backend,
- * plain calls for the NCCL backend). *ok false (agreed by all ranks) with a
- * note when a capture, a call or the statistics after the timing failed. */
 /* --profile: PROFILE_CALLS single plain dispatch + combine pairs, each
  * starting after a host and a device barrier, the phase times of each read
  * after it (symm_variant_profile_read); rank 0 prints every rank's medians. */
 #define PROFILE_CALLS 20
 #define PROFILE_FIELDS 7
-
-static int compare_double(const void *x, const void *y)
-{
-    const double a = *(const double *)x, c = *(const double *)y;
-    return (a > c) - (a < c);
-}
 
 static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
 {
@@ -1060,7 +1051,7 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
     if (!all)
         die(b, "profile", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
     for (int j = 0; j < PROFILE_FIELDS; j++) {
-        qsort(t[j], PROFILE_CALLS, sizeof t[j][0], compare_double);
+        qsort(t[j], PROFILE_CALLS, sizeof t[j][0], cmp_double);
         mine[j] = t[j][PROFILE_CALLS / 2];
     }
     CHECK(b, "symm_world_allgather (profile)", symm_world_allgather(b->world, mine, all, sizeof mine));
@@ -1073,6 +1064,9 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
     free(all);
 }
 
+/* Time dispatch and combine of v at one row (graphs for the native backend,
+ * plain calls for the NCCL backend). *ok false (agreed by all ranks) with a
+ * note when a capture, a call or the statistics after the timing failed. */
 static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *db, const row_result *r,
                        stat2 *dispatch, stat2 *combine, const char **mode, bool *ok, char *note)
 {
