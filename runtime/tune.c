@@ -23,17 +23,18 @@ static const struct knob {
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
-const char *symm_tune_knobs(void)
-{
-    return "BULK_SLOTS 1..4, PUSH_WARPS 1..16, PUSH_BATCH 1..32, SUM_UNROLL 1..8, SUM_GATHER 1..16, PROFILE 0..1";
-}
-
 static symm_status bad(symm_tune *out, const char *origin, const char *item, size_t len, const char *why)
 {
     out->count = 0;
     out->profile = false;
+    /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
+    char list[256];
+    size_t at = 0;
+    for (size_t k = 0; k < SYMM_ARRAY_LEN(knobs) && at < sizeof list; k++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s %ld..%ld", k ? ", " : "", knobs[k].name,
+                               knobs[k].min, knobs[k].max);
     return symm_fail(SYMM_ERR_INVALID_ARG, "%s: \"%.*s\": %s (knobs: %s; items NAME=value, separated by "
-                     "commas or spaces)", origin, (int)(len > 64 ? 64 : len), item, why, symm_tune_knobs());
+                     "commas or spaces)", origin, (int)(len > 64 ? 64 : len), item, why, list);
 }
 
 symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out)

@@ -29,8 +29,4 @@ typedef struct symm_tune {
  * their ranges. */
 symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out);
 
-/* The knobs and their ranges, for messages and documentation:
- * "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...". */
-const char *symm_tune_knobs(void);
-
 #endif
