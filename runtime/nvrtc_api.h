@@ -8,7 +8,6 @@
 #ifndef SYMM_NVRTC_API_H
 #define SYMM_NVRTC_API_H
 
-#include <limits.h>
 #include <stddef.h>
 
 #include <nvrtc.h>
