@@ -177,6 +177,11 @@ static void page_cache(const bench_args *a)
     }
 }
 
+static double ms_between(const struct timespec *t0, const struct timespec *t1)
+{
+    return (double)(t1->tv_sec - t0->tv_sec) * 1e3 + (double)(t1->tv_nsec - t0->tv_nsec) / 1e6;
+}
+
 static int compare_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -189,10 +194,8 @@ static void report(const char *what, double *ms, int n)
     printf("  %-38s median %9.3f ms   min %9.3f ms\n", what, ms[n / 2], ms[0]);
 }
 
-/* One compile; on failure prints why and returns -1. */
 /* --parts N: the source is compiled as N parts at once, as the runtime does
  * (symm_jit_compile_parts); *res is then part 1 and the time the wall time. */
-
 static symm_status compile_as_parts(symm_jit_request *req, symm_jit_result *res)
 {
     if (g_parts == 1)
@@ -209,10 +212,11 @@ static symm_status compile_as_parts(symm_jit_request *req, symm_jit_result *res)
     }
     *res = part[0];
     res->cache_hit &= hit;
-    res->total_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    res->total_ms = ms_between(&t0, &t1);
     return st;
 }
 
+/* One compile; on failure prints why and returns -1. */
 static int compile(symm_jit_request *req, symm_jit_result *res, double *ms, bool want_hit)
 {
     symm_status st = compile_as_parts(req, res);
@@ -247,7 +251,7 @@ static bool cuda_start(CUdevice *dev, double *ms)
         cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
         return false;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    *ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    *ms = ms_between(&t0, &t1);
     return true;
 }
 
@@ -264,7 +268,7 @@ static void bench_load(const symm_jit_result *res, int iters, double *ms)
             printf("  %-38s failed: %s\n", "module load (symm_jit_load):", symm_last_error());
             return;
         }
-        ms[i] = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        ms[i] = ms_between(&t0, &t1);
         symm_jit_unload(mod);
     }
     report("module load (symm_jit_load):", ms, iters);
@@ -291,7 +295,7 @@ static int run(const bench_args *a, const char *src, const char *dir, double *ms
         return -1;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    double load_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    double load_ms = ms_between(&t0, &t1);
     page_cache(a);
     CUdevice dev;
     double cuda_ms = 0;
