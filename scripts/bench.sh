@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench.sh: what `make bench` runs on a GPU host. Generates specs/bench.lua,
 # measures the JIT on a full variant (bench/jit_bench.c: NVRTC cold compile,
-# warm process, cache miss, cache hit; with NVRTC's own cache on and off), then runs bench/moe_bench through
-# symmrun on 2 GPUs, one rank per GPU: our native backend, our NCCL backend,
-# raw NCCL and the copy-engine ceiling, side by side.
+# warm process, cache miss, cache hit; with NVRTC's own cache on and off),
+# then runs bench/moe_bench through symmrun on 2 GPUs, one rank per GPU: our
+# native backend, our NCCL backend, raw NCCL and the copy-engine ceiling,
+# side by side.
 #
 # Results go to bench/out/ (or $BENCH_OUT), three files so that a lent
 # device machine (at most 8 files come back from $OUT) brings them all back:
