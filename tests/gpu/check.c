@@ -259,6 +259,11 @@ typedef struct world_case {
     dev_inputs dev;
     uint64_t seed;
     double *zipf_cdf;
+    /* The reference's receive buffers, allocated once per variant and
+     * poisoned again before each case (capacity-sized fresh allocations
+     * made the host side the cost of the matrix: the kernel zeroing pages). */
+    symm_ref_recv pool[SYMM_REF_MAX_WORLD];
+    bool pool_ready;
 } world_case;
 
 static int tokens_for(const symm_variant_desc *d, int batch_kind, int rank, moe_rng *r)
@@ -284,6 +289,27 @@ typedef struct host_case {
     symm_status ref_status;
 } host_case;
 
+/* Poison again what the last case's reference dispatch may have written:
+ * rows below its `rows` and the per-expert arrays (symm_ref.h: nothing else
+ * is written), so the buffer is as symm_ref_recv_alloc left it. */
+static void recv_repoison(const symm_variant_desc *d, symm_ref_recv *r)
+{
+    const size_t n = (size_t)r->rows, H = (size_t)d->hidden, K = (size_t)d->topk;
+    const size_t L = (size_t)(d->experts / d->world);
+    memset(r->x, SYMM_REF_POISON, n * H * symm_dtype_size(d->dtype));
+    if (r->scales)
+        memset(r->scales, SYMM_REF_POISON, n * (H / SYMM_FP8_BLOCK) * 4);
+    memset(r->src, SYMM_REF_POISON, n * 16);
+    if (r->topk_idx)
+        memset(r->topk_idx, SYMM_REF_POISON, n * K * 4);
+    if (r->weights)
+        memset(r->weights, SYMM_REF_POISON, n * (d->layout == SYMM_LAYOUT_RANK ? K : 1) * 4);
+    memset(r->expert_count, SYMM_REF_POISON, L * 4);
+    memset(r->expert_offset, SYMM_REF_POISON, L * 4);
+    r->rows = 0;
+    r->dropped = 0;
+}
+
 static void host_case_build(world_case *wc, host_case *hc, int case_id, routing how, int batch_kind)
 {
     const symm_variant_desc *d = wc->d;
@@ -294,18 +320,28 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
         make_inputs(d, wc->seed, case_id, p, how, tokens_for(d, batch_kind, p, &tr), wc->zipf_cdf, &hc->in[p]);
         hc->ref_in[p] = (symm_ref_input){hc->in[p].tokens, hc->in[p].x, hc->in[p].scales, hc->in[p].topk,
                                          hc->in[p].weights};
-        symm_status st = symm_ref_recv_alloc(&cfg, &hc->recv[p]);
-        if (st != SYMM_OK)
-            die("symm_ref_recv_alloc", st);
+        if (!wc->pool_ready) {
+            symm_status st = symm_ref_recv_alloc(&cfg, &wc->pool[p]);
+            if (st != SYMM_OK)
+                die("symm_ref_recv_alloc", st);
+        } else {
+            recv_repoison(d, &wc->pool[p]);
+        }
+        hc->recv[p] = wc->pool[p];
     }
+    wc->pool_ready = true;
     hc->ref_status = symm_ref_dispatch(&cfg, hc->ref_in, hc->recv, hc->stats);
     if (hc->ref_status != SYMM_OK && hc->ref_status != SYMM_ERR_OVERFLOW)
         die("symm_ref_dispatch", hc->ref_status);
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
     for (int p = 0; p < W; p++) {
         moe_rng yr = moe_rng_for(wc->seed, (uint64_t)case_id, 1000 + (uint64_t)p);
-        hc->y[p] = malloc((size_t)hc->recv[p].capacity * crow + 16);
-        moe_random_elems(&yr, d->combine_dtype, hc->y[p], (size_t)hc->recv[p].capacity * d->hidden);
+        /* Rows where rows arrived: combine reads no row at or past
+         * recv_rows (upload poisons the rest of the device's y), and
+         * generating only these keeps layout expert's capacities cheap. */
+        const size_t rows = (size_t)hc->recv[p].rows;
+        hc->y[p] = malloc(rows * crow + 16);
+        moe_random_elems(&yr, d->combine_dtype, hc->y[p], rows * (size_t)d->hidden);
         hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
     }
     symm_status st = symm_ref_combine(&cfg, hc->ref_in, hc->recv, (const void *const *)hc->y, hc->out);
@@ -313,11 +349,14 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
         die("symm_ref_combine", st);
 }
 
-static void host_case_free(const symm_variant_desc *d, host_case *hc)
+/* The receive buffers go back to the pool (with their rows, which the next
+ * build poisons again). */
+static void host_case_free(world_case *wc, host_case *hc)
 {
+    const symm_variant_desc *d = wc->d;
     for (int p = 0; p < d->world; p++) {
         free_inputs(&hc->in[p]);
-        symm_ref_recv_free(&hc->recv[p]);
+        wc->pool[p] = hc->recv[p];
         free(hc->y[p]);
         free(hc->out[p]);
     }
@@ -342,7 +381,11 @@ static void upload(world_case *wc, host_case *hc, bool tokens_on_device)
     if (tokens_on_device)
         CU(cuMemcpyHtoDAsync(wc->dev.tokens, &t32, 4, s));
     const size_t crow = H * symm_dtype_size(d->combine_dtype);
-    CU(cuMemcpyHtoDAsync(wc->dev.y, hc->y[g_rank], (size_t)d->capacity * crow, s));
+    /* y: the rows that arrived, poison past them (read nowhere). */
+    const size_t y_rows = (size_t)hc->recv[g_rank].rows;
+    CU(cuMemsetD8Async(wc->dev.y, POISON, (size_t)d->capacity * crow, s));
+    if (y_rows)
+        CU(cuMemcpyHtoDAsync(wc->dev.y, hc->y[g_rank], y_rows * crow, s));
     CU(cuMemsetD8Async(wc->dev.out, POISON, (size_t)d->max_tokens * crow, s));
     symm_recv_buffers rb;
     symm_variant_recv(wc->v, &rb);
@@ -489,6 +532,9 @@ static void setup_case(world_case *wc, const symm_variant_desc *d)
 
 static void teardown_case(world_case *wc)
 {
+    if (wc->pool_ready)
+        for (int p = 0; p < wc->d->world; p++)
+            symm_ref_recv_free(&wc->pool[p]);
     CUdeviceptr ps[] = {wc->dev.x, wc->dev.scales, wc->dev.topk, wc->dev.weights, wc->dev.tokens, wc->dev.y, wc->dev.out};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         CU(cuMemFree(ps[i]));
@@ -556,7 +602,7 @@ static void time_variant(symm_world *w, world_case *wc, int iters)
     CU(cuEventDestroy(e2));
     free(td);
     free(tc);
-    host_case_free(d, hc);
+    host_case_free(wc, hc);
     free(hc);
 }
 
@@ -596,7 +642,7 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
                         routing_names[how], batch, hc->in[g_rank].tokens, o->seed, f.first);
             failed += world_failures(w, f.count) != 0;
             cases++;
-            host_case_free(d, hc);
+            host_case_free(&wc, hc);
             free(hc);
         }
     }
@@ -617,7 +663,7 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
         if (st != SYMM_OK)
             die("capture", st);
         CU(cuGraphInstantiate(&exec, graph, 0));
-        host_case_free(d, hc);
+        host_case_free(&wc, hc);
         free(hc);
         int graph_failed = 0;
         for (int i = 0; i < replays; i++) {
@@ -631,7 +677,7 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
                 fprintf(stderr, "FAIL %s rank %d graph replay %d (T=%d) seed 0x%" PRIx64 ": %s\n", d->name, g_rank, i,
                         hc->in[g_rank].tokens, o->seed, f.first);
             graph_failed += world_failures(w, f.count) != 0;
-            host_case_free(d, hc);
+            host_case_free(&wc, hc);
             free(hc);
         }
         CU(cuGraphExecDestroy(exec));
