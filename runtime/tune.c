@@ -19,6 +19,8 @@ static const struct knob {
     {"PUSH_BATCH", 1, 32}, /* combine: rows a push warp moves per flag fence */
     {"SUM_UNROLL", 1, 8},  /* combine: output vectors per lane in flight */
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
+    {"PREFETCH", 0, 1},    /* 1: loads issued ahead (topk ids, a warp's first rows, a push batch's rows) */
+    {"LOCAL_VEC", 0, 1},   /* dispatch: 1: rows for this rank stored by the warp's lanes, not the bulk copy */
     {"PROFILE", 0, 1},     /* 1: the kernels record phase times (symm_variant_profile_read) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");

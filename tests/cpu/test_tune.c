@@ -35,7 +35,7 @@ static const struct {
     int min, max;
 } knobs[] = {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 8}, {"SUM_GATHER", 1, 16},
-    {"PROFILE", 0, 1},
+    {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
