@@ -1030,7 +1030,7 @@ static bool capture_pairs(bench *b, pair_works *pw, const char **mode, char *why
  * starting after a host and a device barrier, the phase times of each read
  * after it (symm_variant_profile_read); rank 0 prints every rank's medians. */
 #define PROFILE_CALLS 20
-#define PROFILE_FIELDS 7
+#define PROFILE_FIELDS 11
 
 static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
 {
@@ -1042,8 +1042,10 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
         CHECK(b, "profile: combine", issue_combine(b, (void *)c, b->stream));
         symm_variant_profile p;
         CHECK(b, "symm_variant_profile_read", symm_variant_profile_read(c->v, b->stream, &p));
-        const double f[PROFILE_FIELDS] = {p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_rows_out_us,
-                                          p.dispatch_rows_in_us, p.dispatch_us, p.combine_pushed_us, p.combine_us};
+        const double f[PROFILE_FIELDS] = {p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
+                                          p.dispatch_stored_us, p.dispatch_rows_out_us, p.dispatch_rows_in_us,
+                                          p.dispatch_us, p.combine_issued_us, p.combine_stored_us,
+                                          p.combine_pushed_us, p.combine_us};
         for (int j = 0; j < PROFILE_FIELDS; j++)
             t[j][i] = f[j];
     }
@@ -1058,8 +1060,9 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
     for (int q = 0; q < b->size; q++) {
         const double *m = all + (size_t)q * PROFILE_FIELDS;
         say(b, "    profile %-10s rank %d (us from the kernel's start, median of %d single pairs): dispatch: "
-               "counts out %.1f, in %.1f, rows out %.1f, in %.1f, end %.1f; combine: pushed %.1f, end %.1f\n",
-            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6]);
+               "counts out %.1f, in %.1f, bases %.1f, stored %.1f, rows out %.1f, in %.1f, end %.1f; combine: "
+               "first batch issued %.1f, stored %.1f, pushed %.1f, end %.1f\n",
+            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10]);
     }
     free(all);
 }

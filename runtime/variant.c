@@ -456,9 +456,13 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
     *out = (symm_variant_profile){
         .dispatch_counted_us = SINCE(d0, 1),
         .dispatch_counts_in_us = SINCE(d0, 2),
+        .dispatch_bases_us = SINCE(d0, 6),
+        .dispatch_stored_us = SINCE(d0, 7),
         .dispatch_rows_out_us = SINCE(d0, 3),
         .dispatch_rows_in_us = SINCE(d0, 4),
         .dispatch_us = SINCE(d0, 5),
+        .combine_issued_us = SINCE(c0, 11),
+        .combine_stored_us = SINCE(c0, 12),
         .combine_pushed_us = SINCE(c0, 9),
         .combine_us = SINCE(c0, 10),
     };

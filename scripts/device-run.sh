@@ -4,8 +4,9 @@
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, nccl, world4, world8, sanitize, bench, profile, tune, rtbench
-#        (profile and tune: NOTES.md entries 5 and 6, on 2 GPUs; tune sweeps
-#        around the present defaults)
+#        (profile and tune: on 2 GPUs; tune times the defaults beside
+#        PREFETCH=0 and LOCAL_VEC=1, bench/NOTES.md entries 7 and 8, and a
+#        few neighbours of the defaults)
 set -uo pipefail
 build=$1; shift
 # Logs go to one archive under $OUT (the device tool brings back few files).
@@ -61,7 +62,7 @@ for s in "$@"; do
     profile) step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
-            default PUSH_WARPS=3 PUSH_WARPS=5 PUSH_WARPS=6 PUSH_BATCH=3 PUSH_BATCH=5 BULK_SLOTS=1 SUM_GATHER=3
+            default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS=3 PUSH_BATCH=2 LOCAL_VEC=1,PUSH_WARPS=3 LOCAL_VEC=1,BULK_SLOTS=1
           [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
     world8) step check-w8 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 10 ;;
     rtbench) for n in 2 4; do

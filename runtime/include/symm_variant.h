@@ -151,9 +151,13 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
 typedef struct symm_variant_profile {
     double dispatch_counted_us;   /* this rank's counts published to every peer */
     double dispatch_counts_in_us; /* every peer's counts arrived */
+    double dispatch_bases_us;     /* every block's destination rows computed */
+    double dispatch_stored_us;    /* every row store of this rank complete */
     double dispatch_rows_out_us;  /* this rank's rows landed and were announced */
     double dispatch_rows_in_us;   /* every peer's rows arrived */
     double dispatch_us;           /* the kernel's last warp done */
+    double combine_issued_us;     /* every push warp's first batch of rows issued */
+    double combine_stored_us;     /* ... and complete at the peers (before its flags) */
     double combine_pushed_us;     /* every received row pushed back and flagged */
     double combine_us;            /* every sum written */
 } symm_variant_profile;

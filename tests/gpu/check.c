@@ -336,12 +336,22 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
     for (int p = 0; p < W; p++) {
         moe_rng yr = moe_rng_for(wc->seed, (uint64_t)case_id, 1000 + (uint64_t)p);
-        /* Rows where rows arrived: combine reads no row at or past
-         * recv_rows (upload poisons the rest of the device's y), and
-         * generating only these keeps layout expert's capacities cheap. */
-        const size_t rows = (size_t)hc->recv[p].rows;
+        /* Random rows where rows arrived, poison in layout expert's padding
+         * between segments; combine reads neither the padding nor any row
+         * at or past recv_rows (upload poisons the rest of the device's
+         * y). Generating only these keeps layout expert's large aligned
+         * capacities cheap. */
+        const symm_ref_recv *rv = &hc->recv[p];
+        const size_t rows = (size_t)rv->rows;
         hc->y[p] = malloc(rows * crow + 16);
-        moe_random_elems(&yr, d->combine_dtype, hc->y[p], rows * (size_t)d->hidden);
+        if (d->layout == SYMM_LAYOUT_EXPERT) {
+            memset(hc->y[p], POISON, rows * crow);
+            for (int j = 0; j < d->experts / d->world; j++)
+                moe_random_elems(&yr, d->combine_dtype, (char *)hc->y[p] + (size_t)rv->expert_offset[j] * crow,
+                                 (size_t)rv->expert_count[j] * (size_t)d->hidden);
+        } else {
+            moe_random_elems(&yr, d->combine_dtype, hc->y[p], rows * (size_t)d->hidden);
+        }
         hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
     }
     symm_status st = symm_ref_combine(&cfg, hc->ref_in, hc->recv, (const void *const *)hc->y, hc->out);
