@@ -13,9 +13,12 @@
 #define SG_REGION_ALIGN 256
 /* Bytes of the per-variant state record (see STATE in templates/variant.cu.in). */
 #define SG_STATE_BYTES 256
-/* Signal kinds: count published, dispatch rows arrived. Combine waits per
- * COMBINE_IN slot on combine_flags, not on a signal. */
-#define SG_SIGNAL_KINDS 2
+/* Signal kinds: dispatch rows arrived. The counts carry their call in each
+ * 8-byte word, and combine waits per COMBINE_IN slot on combine_flags:
+ * neither needs a signal. */
+#define SG_SIGNAL_KINDS 1
+/* Bytes of one count: the count and its call's sequence number. */
+#define SG_COUNT_BYTES 8
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -62,7 +65,7 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
 
     place(out, SYMM_REGION_SIGNALS, "signals", SG_SIGNAL_KINDS * W * SG_SIGNAL_SLOT, true);
     /* One count row per (source rank, source block), two parities. */
-    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * (uint64_t)v->sms * count_row_entries(v) * 4, true);
+    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * (uint64_t)v->sms * count_row_entries(v) * SG_COUNT_BYTES, true);
     place(out, SYMM_REGION_RECV_X, "recv_x", cap * H * elt, true);
     place(out, SYMM_REGION_RECV_SCALES, "recv_scales", fp8 ? cap * (H / SYMM_FP8_BLOCK) * 4 : 0, true);
     place(out, SYMM_REGION_RECV_SRC, "recv_src", cap * 16, true);
