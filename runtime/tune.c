@@ -16,6 +16,7 @@ static const struct knob {
 } knobs[] = {
     {"BULK_SLOTS", 1, 4},  /* staging buffers per copying warp (dispatch, combine's push) */
     {"PUSH_WARPS", 1, 16}, /* combine: warps per block that push rows before summing */
+    {"PUSH_WARPS_SMALL", 0, 16}, /* combine: push warps with at most 2048 received rows (0: PUSH_WARPS) */
     {"PUSH_BATCH", 1, 32}, /* combine: rows a push warp moves per flag fence */
     {"SUM_UNROLL", 1, 8},  /* combine: output vectors per lane in flight */
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */

@@ -8,6 +8,9 @@
  *
  * usage: check --manifest out/default/manifest.json [--variant NAME]...
  *              [--backend native|nccl] [--quick] [--graph-replays N] [--seed S]
+ *              [--time N [--time-only]] [--max-elems N]
+ * --time N times N calls at max_tokens after the matrix (and checks the last);
+ * --time-only skips the matrix.
  * Prints "check: N passed, M failed" (rank 0) and exits 1 on any failure. */
 #include <cuda.h>
 #include <inttypes.h>
@@ -468,6 +471,7 @@ typedef struct options {
     bool quick;
     int graph_replays;
     int time_iters;
+    bool time_only; /* --time-only: no matrix, only the timed calls (and their check) */
     long long max_elems; /* skip variants with max_tokens * hidden above this (0: none) */
     uint64_t seed;
 } options;
@@ -475,7 +479,7 @@ typedef struct options {
 static void usage(void)
 {
     fprintf(stderr, "usage: check --manifest PATH [--variant NAME]... [--backend native|nccl] [--quick] "
-                    "[--graph-replays N] [--time N] [--max-elems N] [--seed S]\n");
+                    "[--graph-replays N] [--time N [--time-only]] [--max-elems N] [--seed S]\n");
     exit(2);
 }
 
@@ -507,6 +511,8 @@ static void parse(int argc, char **argv, options *o)
             o->max_elems = strtoll(argv[++i], NULL, 0);
         else if (!strcmp(a, "--time") && next)
             o->time_iters = atoi(argv[++i]);
+        else if (!strcmp(a, "--time-only"))
+            o->time_only = true;
         else if (!strcmp(a, "--seed") && next)
             o->seed = strtoull(argv[++i], NULL, 0);
         else
@@ -558,8 +564,10 @@ static int cmp_float(const void *a, const void *b)
 }
 
 /* Median time of dispatch and of combine over iters calls at T = max_tokens,
- * uniform routing (CUDA events around each call). */
-static void time_variant(symm_world *w, world_case *wc, int iters)
+ * uniform routing (CUDA events around each call), then the last call's
+ * results against the reference. Returns 1 when they differ (agreed by all
+ * ranks), else 0. */
+static int time_variant(symm_world *w, world_case *wc, int iters)
 {
     const symm_variant_desc *d = wc->d;
     host_case *hc = calloc(1, sizeof *hc);
@@ -604,9 +612,15 @@ static void time_variant(symm_world *w, world_case *wc, int iters)
                 remote += hc->recv[p].src[r * 4] == g_rank;
     const double bytes = (double)remote * d->hidden * symm_dtype_size(d->dtype);
     if (g_rank == 0)
-        printf("time %-24s T=%d: dispatch %.1f us, combine %.1f us (median of %d); dispatch %.0f GB/s remote per GPU\n",
-               d->name, hc->in[g_rank].tokens, td[iters / 2] * 1e3, tc[iters / 2] * 1e3, iters,
-               bytes / (td[iters / 2] * 1e-3) / 1e9);
+        printf("time %-24s T=%d: dispatch %.1f us (p90 %.1f), combine %.1f us (p90 %.1f), median of %d; dispatch "
+               "%.0f GB/s remote per GPU\n",
+               d->name, hc->in[g_rank].tokens, td[iters / 2] * 1e3, td[iters * 9 / 10] * 1e3, tc[iters / 2] * 1e3,
+               tc[iters * 9 / 10] * 1e3, iters, bytes / (td[iters / 2] * 1e-3) / 1e9);
+    failures f = {0};
+    check_results(wc, hc, &f);
+    if (f.count)
+        fprintf(stderr, "FAIL %s rank %d timed calls (T=%d) seed 0x%" PRIx64 ": %s\n", d->name, g_rank,
+                hc->in[g_rank].tokens, wc->seed, f.first);
     CU(cuEventDestroy(e0));
     CU(cuEventDestroy(e1));
     CU(cuEventDestroy(e2));
@@ -614,6 +628,7 @@ static void time_variant(symm_world *w, world_case *wc, int iters)
     free(tc);
     host_case_free(wc, hc);
     free(hc);
+    return world_failures(w, f.count) != 0;
 }
 
 /* The matrix for one variant: routings x batch kinds, then graph replays.
@@ -632,7 +647,7 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
     setup_case(&wc, d);
     int failed = 0, cases = 0, case_id = 0;
     const bool big = (int64_t)d->max_tokens * d->hidden > 4096LL * 4096;
-    for (int how = 0; how < R_COUNT; how++) {
+    for (int how = 0; how < (o->time_only ? 0 : R_COUNT); how++) {
         for (int batch = 0; batch < 5; batch++) {
             if ((o->quick || big) && batch == 3 && how != R_UNIFORM && how != R_INVALID)
                 continue;
@@ -661,7 +676,7 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
     int replays = o->backend == SYMM_BACKEND_NATIVE ? (o->quick ? o->graph_replays / 10 : o->graph_replays) : 0;
     if (big)
         replays = replays > 5 ? 5 : replays;
-    if (replays > 0) {
+    if (replays > 0 && !o->time_only) {
         CUgraph graph;
         CUgraphExec exec;
         host_case *hc = calloc(1, sizeof *hc);
@@ -695,8 +710,10 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
         failed += graph_failed != 0;
         cases++;
     }
-    if (o->time_iters > 0)
-        time_variant(w, &wc, o->time_iters);
+    if (o->time_iters > 0) {
+        failed += time_variant(w, &wc, o->time_iters);
+        cases++;
+    }
     teardown_case(&wc);
     CU(cuStreamDestroy(wc.stream));
     st = symm_variant_destroy(wc.v);
