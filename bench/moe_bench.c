@@ -102,7 +102,7 @@ typedef struct options {
     const char *manifest, *csv, *markdown, *groups;
     int reps, warmup;
     uint64_t seed;
-    bool no_nccl, nccl_plain, plan, profile;
+    bool no_nccl, nccl_plain, plan, profile, shared_gpu;
 } options;
 
 static void usage(FILE *f)
@@ -128,6 +128,9 @@ static void usage(FILE *f)
             "  --seed S         seed of routings and inputs (default: fresh, printed)\n"
             "  --no-nccl        skip the NCCL backend and raw NCCL (their columns stay empty)\n"
             "  --nccl-plain     time raw NCCL with plain calls instead of a CUDA graph\n"
+            "  --shared-gpu     let ranks share GPUs (a development proxy: run it under CUDA MPS so\n"
+            "                   that they run at once; their rows then never cross NVLink, so the\n"
+            "                   times are not the benchmark's); implies --no-nccl\n"
             "  --profile        build the native kernels with the tuning knob PROFILE=1 and, after\n"
             "                   each row's timing, print when each phase of dispatch and combine\n"
             "                   ended (median of 20 plain calls, per rank; the timings then include\n"
@@ -198,6 +201,9 @@ static int parse_options(int argc, char **argv, options *o)
             if (errno || *end || end == argv[i])
                 return bad_usage("--seed \"%s\": expected an unsigned integer", argv[i]);
         } else if (!strcmp(a, "--no-nccl")) {
+            o->no_nccl = true;
+        } else if (!strcmp(a, "--shared-gpu")) {
+            o->shared_gpu = true;
             o->no_nccl = true;
         } else if (!strcmp(a, "--nccl-plain")) {
             o->nccl_plain = true;
@@ -1030,7 +1036,7 @@ static bool capture_pairs(bench *b, pair_works *pw, const char **mode, char *why
  * starting after a host and a device barrier, the phase times of each read
  * after it (symm_variant_profile_read); rank 0 prints every rank's medians. */
 #define PROFILE_CALLS 20
-#define PROFILE_FIELDS 11
+#define PROFILE_FIELDS 12
 
 static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
 {
@@ -1042,7 +1048,7 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
         CHECK(b, "profile: combine", issue_combine(b, (void *)c, b->stream));
         symm_variant_profile p;
         CHECK(b, "symm_variant_profile_read", symm_variant_profile_read(c->v, b->stream, &p));
-        const double f[PROFILE_FIELDS] = {p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
+        const double f[PROFILE_FIELDS] = {p.dispatch_routed_us, p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
                                           p.dispatch_stored_us, p.dispatch_rows_out_us, p.dispatch_rows_in_us,
                                           p.dispatch_us, p.combine_issued_us, p.combine_stored_us,
                                           p.combine_pushed_us, p.combine_us};
@@ -1060,9 +1066,9 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
     for (int q = 0; q < b->size; q++) {
         const double *m = all + (size_t)q * PROFILE_FIELDS;
         say(b, "    profile %-10s rank %d (us from the kernel's start, median of %d single pairs): dispatch: "
-               "counts out %.1f, in %.1f, bases %.1f, stored %.1f, rows out %.1f, in %.1f, end %.1f; combine: "
-               "first batch issued %.1f, stored %.1f, pushed %.1f, end %.1f\n",
-            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10]);
+               "routed %.1f, counts out %.1f, in %.1f, bases %.1f, stored %.1f, rows out %.1f, in %.1f, end %.1f; "
+               "combine: first batch issued %.1f, stored %.1f, pushed %.1f, end %.1f\n",
+            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11]);
     }
     free(all);
 }
@@ -1851,7 +1857,7 @@ static int open_gpu(bench *b)
                 b->rank, symm_status_name(st), symm_last_error(), b->size);
         return 2;
     }
-    if (symm_device_gpu_count(b->dev) != b->size) {
+    if (symm_device_gpu_count(b->dev) != b->size && !b->o->shared_gpu) {
         fprintf(stderr, "moe_bench: rank %d: %d ranks share %d GPUs; timings need one rank per GPU "
                         "(symmrun -n %d --gpus 0,1,...)\n", b->rank, b->size, symm_device_gpu_count(b->dev), b->size);
         return 2;
@@ -1938,9 +1944,11 @@ static int run(bench *b, const variant_plan *plans, int n)
     make_streams(b);
     size_rows(b, symm_device_granularity(b->dev));
     const char *tune = getenv("SYMM_TUNE");
-    say(b, "moe_bench: %d ranks, %d variants, %d reps after %d warm-up, seed 0x%" PRIx64 "%s, tuning %s\n",
+    say(b, "moe_bench: %d ranks, %d variants, %d reps after %d warm-up, seed 0x%" PRIx64 "%s, tuning %s%s\n",
         b->size, n, b->o->reps, b->o->warmup, b->seed, b->o->no_nccl ? ", without NCCL" : "",
-        tune && *tune ? tune : "default");
+        tune && *tune ? tune : "default",
+        symm_device_gpu_count(b->dev) != b->size ? "; RANKS SHARE GPUS (--shared-gpu): not NVLink, not the benchmark"
+                                                  : "");
     guard_cache gc = {0};
     for (int v = 0; v < n; v++)
         bench_variant(b, &gc, plans, n, v);

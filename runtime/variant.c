@@ -455,6 +455,7 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
 #define SINCE(start, i) ((start) != UINT64_MAX && t[i] >= (start) ? (double)(t[i] - (start)) / 1e3 : -1.0)
     *out = (symm_variant_profile){
         .dispatch_counted_us = SINCE(d0, 1),
+        .dispatch_routed_us = SINCE(d0, 13),
         .dispatch_counts_in_us = SINCE(d0, 2),
         .dispatch_bases_us = SINCE(d0, 6),
         .dispatch_stored_us = SINCE(d0, 7),

@@ -149,6 +149,7 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
  * Microseconds from the earliest block's start of the kernel on this rank's
  * GPU, the latest block or warp for each phase. */
 typedef struct symm_variant_profile {
+    double dispatch_routed_us;    /* every warp's tokens validated and counted */
     double dispatch_counted_us;   /* this rank's counts published to every peer */
     double dispatch_counts_in_us; /* every peer's counts arrived */
     double dispatch_bases_us;     /* every block's destination rows computed */
