@@ -3,10 +3,11 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, nccl, world4, world8, sanitize, bench, profile, tune, rtbench
-#        (profile and tune: on 2 GPUs; tune times the defaults beside
-#        PREFETCH=0 and LOCAL_VEC=1, bench/NOTES.md entries 7 and 8, and a
-#        few neighbours of the defaults)
+#        check, nccl, world4, world8, sanitize, bench, profile, tune, proxy,
+#        rtbench (profile and tune: on 2 GPUs; tune times the defaults beside
+#        the knobs of bench/NOTES.md entries 7-13 set the other way; proxy:
+#        on one GPU, both ranks at once under CUDA MPS, moe_bench
+#        --shared-gpu, groups PROXY_GROUPS (a,b,f), then a profile of a,b)
 set -uo pipefail
 build=$1; shift
 # Logs go to one archive under $OUT (the device tool brings back few files).
@@ -62,14 +63,24 @@ for s in "$@"; do
     profile) step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
-            default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=3 SUM_UNROLL=4 PUSH_BATCH=2 \
+            default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=0 SUM_UNROLL=4 PUSH_BATCH=2 \
             LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1
           [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
+    proxy)
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        nvidia-cuda-mps-control -d >> "$out/machine.log" 2>&1
+        step proxy 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus 0 -- "$build/bench/moe_bench" \
+            --manifest out/bench/manifest.json --shared-gpu --groups "${PROXY_GROUPS:-a,b,f}" --reps 50
+        step proxy-profile 120 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus 0 -- "$build/bench/moe_bench" \
+            --manifest out/bench/manifest.json --shared-gpu --groups a,b --profile
+        echo quit | nvidia-cuda-mps-control
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
     world8) step check-w8 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 10 ;;
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, tune)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, tune, proxy)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
