@@ -383,6 +383,63 @@ static void expect_desc_of(const symm_variant_desc *d, const sg_variant *v, cons
                   (unsigned long long)l.regions[i].bytes, (int)l.regions[i].symmetric);
 }
 
+/* The regions the kernels index (templates/variant.cu.in) have exactly the
+ * sizes docs/protocol.md gives them, for random variants: 128 bytes per
+ * signal (the rows signal alone), one 8-byte word per count (the count
+ * beside its call) in [2][W][SMS][bins], and so on. A kernel that indexed
+ * a region by another rule would write out of bounds on the GPU; this
+ * catches the generator's side of such a change without one. */
+Test(layout, regions_have_the_sizes_of_the_protocol)
+{
+    uint64_t rng = fresh_seed();
+    const uint64_t seed = rng;
+    for (int i = 0; i < 500; i++) {
+        sg_variant v;
+        random_variant(&rng, i, &v);
+        sg_layout l;
+        sg_layout_compute(&v, &l);
+        const uint64_t W = (uint64_t)v.world, T = (uint64_t)v.max_tokens, K = (uint64_t)v.topk;
+        const uint64_t H = (uint64_t)v.hidden, cap = (uint64_t)v.capacity;
+        const bool rank = v.layout == SYMM_LAYOUT_RANK;
+        const uint64_t bins = rank ? W : (uint64_t)v.experts;
+        const uint64_t slots = rank ? W * T : T * K;
+        const struct {
+            symm_region id;
+            uint64_t bytes;
+        } want[] = {
+            {SYMM_REGION_SIGNALS, W * 128},
+            {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * bins * 8},
+            {SYMM_REGION_RECV_X, cap * H * (uint64_t)symm_dtype_size(v.dtype)},
+            {SYMM_REGION_RECV_SRC, cap * 16},
+            {SYMM_REGION_COMBINE_IN, slots * H * (uint64_t)symm_dtype_size(v.combine_dtype)},
+            {SYMM_REGION_COMBINE_FLAGS, slots * 8},
+            {SYMM_REGION_EXPERT_COUNT, (uint64_t)(v.experts / v.world) * 4},
+        };
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+            cr_assert_eq(l.regions[want[k].id].bytes, want[k].bytes,
+                         "seed %llu, variant %d (world %d, sms %d, %s): region %s has %llu bytes, the protocol "
+                         "%llu", (unsigned long long)seed, i, v.world, v.sms, rank ? "rank" : "expert",
+                         l.regions[want[k].id].name, (unsigned long long)l.regions[want[k].id].bytes,
+                         (unsigned long long)want[k].bytes);
+        /* The state record holds the profile's 16 slots after its first 128 bytes. */
+        cr_assert_geq(l.regions[SYMM_REGION_STATE].bytes, 128 + 16 * 8);
+        /* Regions of one buffer are aligned and do not overlap. */
+        for (int a = 0; a < SYMM_REGION_COUNT; a++) {
+            const sg_region *ra = &l.regions[a];
+            if (!ra->bytes)
+                continue;
+            cr_assert_eq(ra->offset % 256, 0, "region %s at %llu", ra->name, (unsigned long long)ra->offset);
+            cr_assert_leq(ra->offset + ra->bytes, ra->symmetric ? l.symmetric_bytes : l.scratch_bytes);
+            for (int b = a + 1; b < SYMM_REGION_COUNT; b++) {
+                const sg_region *rb = &l.regions[b];
+                if (rb->bytes && rb->symmetric == ra->symmetric)
+                    cr_assert(ra->offset + ra->bytes <= rb->offset || rb->offset + rb->bytes <= ra->offset,
+                              "regions %s and %s overlap", ra->name, rb->name);
+            }
+        }
+    }
+}
+
 Test(manifest, random_variants_from_the_generators_writer_round_trip)
 {
     enum { N = 24 };
