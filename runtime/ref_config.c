@@ -1,6 +1,7 @@
 /* ref_config.c: the CPU reference's configuration (limits, capacity) and
  * its receive buffers (symm_ref.h). The limits are the generator's, so that
  * every variant symmgen accepts can be checked against the reference. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,34 +145,47 @@ static size_t bytes3(int64_t a, int64_t b, int64_t c)
     return (size_t)a * (size_t)b * (size_t)c;
 }
 
-static symm_status alloc_poison(const char *what, int64_t rows, int64_t cols, int64_t elem,
-                                void **out)
+/* The arrays of a receive buffer for c: where each one's pointer lives and
+ * its shape, rows x cols of elem bytes (rows = capacity, or the local
+ * experts for per_expert ones). Arrays the config does not use are left out.
+ * Returns how many. */
+typedef struct recv_array {
+    const char *name;
+    void **ptr;
+    int64_t rows, cols, elem;
+    bool per_expert;
+} recv_array;
+
+static int recv_arrays(const symm_ref_config *c, symm_ref_recv *r, recv_array out[7])
 {
-    size_t n = bytes3(rows, cols, elem);
-    *out = n ? malloc(n) : NULL;
-    if (!*out)
-        return symm_fail(SYMM_ERR_NOMEM, "symm_ref_recv_alloc: %s: cannot allocate %lld x %lld x %lld bytes",
-                         what, (long long)rows, (long long)cols, (long long)elem);
-    memset(*out, SYMM_REF_POISON, n);
-    return SYMM_OK;
+    const int64_t cap = r->capacity, local = c->experts / c->world;
+    const bool rank = c->layout == SYMM_LAYOUT_RANK;
+    int n = 0;
+    out[n++] = (recv_array){"x", &r->x, cap, c->hidden, symm_dtype_size(c->dtype), false};
+    if (c->dtype == SYMM_DTYPE_FP8_E4M3)
+        out[n++] = (recv_array){"scales", (void **)&r->scales, cap, c->hidden / SYMM_FP8_BLOCK, sizeof(float), false};
+    out[n++] = (recv_array){"src", (void **)&r->src, cap, 4, sizeof(int32_t), false};
+    if (rank)
+        out[n++] = (recv_array){"topk_idx", (void **)&r->topk_idx, cap, c->topk, sizeof(int32_t), false};
+    if (c->weights)
+        out[n++] = (recv_array){"weights", (void **)&r->weights, cap, rank ? c->topk : 1, sizeof(float), false};
+    out[n++] = (recv_array){"expert_count", (void **)&r->expert_count, local, 1, sizeof(int32_t), true};
+    out[n++] = (recv_array){"expert_offset", (void **)&r->expert_offset, local, 1, sizeof(int32_t), true};
+    return n;
 }
 
 static symm_status recv_alloc_arrays(const symm_ref_config *c, symm_ref_recv *r)
 {
-    int64_t cap = r->capacity;
-    int local = c->experts / c->world;
-    SYMM_TRY(alloc_poison("x", cap, c->hidden, symm_dtype_size(c->dtype), &r->x));
-    if (c->dtype == SYMM_DTYPE_FP8_E4M3)
-        SYMM_TRY(alloc_poison("scales", cap, c->hidden / SYMM_FP8_BLOCK, sizeof(float),
-                              (void **)&r->scales));
-    SYMM_TRY(alloc_poison("src", cap, 4, sizeof(int32_t), (void **)&r->src));
-    if (c->layout == SYMM_LAYOUT_RANK)
-        SYMM_TRY(alloc_poison("topk_idx", cap, c->topk, sizeof(int32_t), (void **)&r->topk_idx));
-    if (c->weights)
-        SYMM_TRY(alloc_poison("weights", cap, c->layout == SYMM_LAYOUT_RANK ? c->topk : 1,
-                              sizeof(float), (void **)&r->weights));
-    SYMM_TRY(alloc_poison("expert_count", local, 1, sizeof(int32_t), (void **)&r->expert_count));
-    SYMM_TRY(alloc_poison("expert_offset", local, 1, sizeof(int32_t), (void **)&r->expert_offset));
+    recv_array a[7];
+    const int n = recv_arrays(c, r, a);
+    for (int i = 0; i < n; i++) {
+        const size_t bytes = bytes3(a[i].rows, a[i].cols, a[i].elem);
+        *a[i].ptr = bytes ? malloc(bytes) : NULL;
+        if (!*a[i].ptr)
+            return symm_fail(SYMM_ERR_NOMEM, "symm_ref_recv_alloc: %s: cannot allocate %lld x %lld x %lld bytes",
+                             a[i].name, (long long)a[i].rows, (long long)a[i].cols, (long long)a[i].elem);
+        memset(*a[i].ptr, SYMM_REF_POISON, bytes);
+    }
     return SYMM_OK;
 }
 
@@ -188,6 +202,30 @@ symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r)
     if (st != SYMM_OK)
         symm_ref_recv_free(r);
     return st;
+}
+
+symm_status symm_ref_recv_repoison(const symm_ref_config *cfg, symm_ref_recv *r)
+{
+    if (!r)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_ref_recv_repoison: r is NULL");
+    symm_status st = symm_ref_check_config(cfg);
+    if (st != SYMM_OK)
+        return symm_fail_context(st, "symm_ref_recv_repoison: ");
+    if (r->capacity != symm_ref_capacity(cfg) || r->rows < 0 || r->rows > r->capacity)
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_ref_recv_repoison: capacity %lld, rows %lld: expected capacity %lld and rows "
+                         "0..capacity", (long long)r->capacity, (long long)r->rows,
+                         (long long)symm_ref_capacity(cfg));
+    recv_array a[7];
+    const int n = recv_arrays(cfg, r, a);
+    for (int i = 0; i < n; i++)
+        if (!*a[i].ptr)
+            return symm_fail(SYMM_ERR_INVALID_ARG, "symm_ref_recv_repoison: %s is NULL", a[i].name);
+    for (int i = 0; i < n; i++)
+        memset(*a[i].ptr, SYMM_REF_POISON, bytes3(a[i].per_expert ? a[i].rows : r->rows, a[i].cols, a[i].elem));
+    r->rows = 0;
+    r->dropped = 0;
+    return SYMM_OK;
 }
 
 void symm_ref_recv_free(symm_ref_recv *r)

@@ -120,6 +120,14 @@ typedef struct symm_ref_send_stats {
  * zeroed: SYMM_ERR_INVALID_ARG (bad cfg) or SYMM_ERR_NOMEM. */
 symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r);
 
+/* Poison again what a symm_ref_dispatch with cfg may have written into r
+ * (its rows below r->rows and the per-expert arrays) and set rows and
+ * dropped to 0, so that r is as symm_ref_recv_alloc left it without a new
+ * allocation (capacity-sized buffers are large; a test reuses them).
+ * SYMM_ERR_INVALID_ARG for a bad cfg, a NULL array that cfg needs, or an r of
+ * another capacity or with rows outside 0..capacity; r is then untouched. */
+symm_status symm_ref_recv_repoison(const symm_ref_config *cfg, symm_ref_recv *r);
+
 /* Free what symm_ref_recv_alloc allocated and zero r. NULL or a zeroed r is
  * fine. Never call it on a recv whose arrays the caller owns. */
 void symm_ref_recv_free(symm_ref_recv *r);

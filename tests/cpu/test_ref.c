@@ -1518,6 +1518,64 @@ static void check_nothing_written(const tworld *w)
     }
 }
 
+/* After a dispatch, repoison leaves every array as recv_alloc did (rows and
+ * dropped 0, every byte poison), and a second dispatch into the same
+ * buffers with fresh inputs follows the contract again. */
+Test(config, recv_repoison_restores_the_fresh_buffers_for_another_dispatch)
+{
+    for (int i = 0; i < 30; i++) {
+        symm_ref_config c = random_config();
+        if (chance(50))
+            c.capacity = 1 + rnd((int)symm_ref_worst_capacity(&c));
+        tworld w;
+        world_make(&w, &c, &GEN_PLAIN, 0);
+        dispatch_and_check(&w);
+        for (int p = 0; p < c.world; p++) {
+            CHECK(symm_ref_recv_repoison(&c, &w.recv[p]) == SYMM_OK, "repoison: %s", symm_last_error());
+            CHECK(w.recv[p].dropped == 0, "rank %d: dropped left at %lld", p, (long long)w.recv[p].dropped);
+            CHECK(all_poison(w.recv[p].expert_offset, (size_t)local_experts(&c) * 4),
+                  "rank %d: expert_offset not poisoned again", p);
+        }
+        check_nothing_written(&w);
+        /* The same buffers serve a fresh world's inputs. */
+        for (int p = 0; p < c.world; p++) {
+            free(w.x[p]);
+            free(w.scales[p]);
+            free(w.idx[p]);
+            free(w.tw[p]);
+            w.x[p] = NULL;
+            w.scales[p] = NULL;
+            w.idx[p] = NULL;
+            w.tw[p] = NULL;
+        }
+        world_inputs(&w, &GEN_PLAIN, 0);
+        dispatch_and_check(&w);
+        world_free(&w);
+    }
+}
+
+Test(config, recv_repoison_refuses_a_recv_that_does_not_match_leaving_it)
+{
+    symm_ref_config c = random_config();
+    symm_ref_recv r;
+    CHECK(symm_ref_recv_alloc(&c, &r) == SYMM_OK, "alloc: %s", symm_last_error());
+    CHECK(symm_ref_recv_repoison(&c, NULL) == SYMM_ERR_INVALID_ARG, "NULL recv accepted");
+    r.capacity += 1;
+    CHECK(symm_ref_recv_repoison(&c, &r) == SYMM_ERR_INVALID_ARG && strstr(symm_last_error(), "capacity"),
+          "a recv of another capacity accepted: %s", symm_last_error());
+    r.capacity -= 1;
+    r.rows = r.capacity + 1;
+    CHECK(symm_ref_recv_repoison(&c, &r) == SYMM_ERR_INVALID_ARG && r.rows == r.capacity + 1,
+          "rows past capacity accepted or changed");
+    r.rows = 0;
+    void *x = r.x;
+    r.x = NULL;
+    CHECK(symm_ref_recv_repoison(&c, &r) == SYMM_ERR_INVALID_ARG && strstr(symm_last_error(), "x is NULL"),
+          "a NULL x accepted: %s", symm_last_error());
+    r.x = x;
+    symm_ref_recv_free(&r);
+}
+
 Test(config, dispatch_rejects_bad_calls_writing_nothing)
 {
     symm_ref_config cfg = random_config();

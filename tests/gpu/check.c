@@ -263,8 +263,9 @@ typedef struct world_case {
     uint64_t seed;
     double *zipf_cdf;
     /* The reference's receive buffers, allocated once per variant and
-     * poisoned again before each case (capacity-sized fresh allocations
-     * made the host side the cost of the matrix: the kernel zeroing pages). */
+     * poisoned again before each case (symm_ref_recv_repoison): fresh
+     * capacity-sized allocations made the host side the cost of the
+     * matrix, the kernel zeroing pages. */
     symm_ref_recv pool[SYMM_REF_MAX_WORLD];
     bool pool_ready;
 } world_case;
@@ -292,27 +293,6 @@ typedef struct host_case {
     symm_status ref_status;
 } host_case;
 
-/* Poison again what the last case's reference dispatch may have written:
- * rows below its `rows` and the per-expert arrays (symm_ref.h: nothing else
- * is written), so the buffer is as symm_ref_recv_alloc left it. */
-static void recv_repoison(const symm_variant_desc *d, symm_ref_recv *r)
-{
-    const size_t n = (size_t)r->rows, H = (size_t)d->hidden, K = (size_t)d->topk;
-    const size_t L = (size_t)(d->experts / d->world);
-    memset(r->x, SYMM_REF_POISON, n * H * symm_dtype_size(d->dtype));
-    if (r->scales)
-        memset(r->scales, SYMM_REF_POISON, n * (H / SYMM_FP8_BLOCK) * 4);
-    memset(r->src, SYMM_REF_POISON, n * 16);
-    if (r->topk_idx)
-        memset(r->topk_idx, SYMM_REF_POISON, n * K * 4);
-    if (r->weights)
-        memset(r->weights, SYMM_REF_POISON, n * (d->layout == SYMM_LAYOUT_RANK ? K : 1) * 4);
-    memset(r->expert_count, SYMM_REF_POISON, L * 4);
-    memset(r->expert_offset, SYMM_REF_POISON, L * 4);
-    r->rows = 0;
-    r->dropped = 0;
-}
-
 static void host_case_build(world_case *wc, host_case *hc, int case_id, routing how, int batch_kind)
 {
     const symm_variant_desc *d = wc->d;
@@ -328,7 +308,9 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
             if (st != SYMM_OK)
                 die("symm_ref_recv_alloc", st);
         } else {
-            recv_repoison(d, &wc->pool[p]);
+            symm_status st = symm_ref_recv_repoison(&cfg, &wc->pool[p]);
+            if (st != SYMM_OK)
+                die("symm_ref_recv_repoison", st);
         }
         hc->recv[p] = wc->pool[p];
     }
