@@ -454,18 +454,18 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
     const uint64_t d0 = t[SYMM_PROF_DISPATCH_START], c0 = t[SYMM_PROF_COMBINE_START];
 #define SINCE(start, i) ((start) != UINT64_MAX && t[i] >= (start) ? (double)(t[i] - (start)) / 1e3 : -1.0)
     *out = (symm_variant_profile){
-        .dispatch_counted_us = SINCE(d0, 1),
-        .dispatch_routed_us = SINCE(d0, 13),
-        .dispatch_counts_in_us = SINCE(d0, 2),
-        .dispatch_bases_us = SINCE(d0, 6),
-        .dispatch_stored_us = SINCE(d0, 7),
-        .dispatch_rows_out_us = SINCE(d0, 3),
-        .dispatch_rows_in_us = SINCE(d0, 4),
-        .dispatch_us = SINCE(d0, 5),
-        .combine_issued_us = SINCE(c0, 11),
-        .combine_stored_us = SINCE(c0, 12),
-        .combine_pushed_us = SINCE(c0, 9),
-        .combine_us = SINCE(c0, 10),
+        .dispatch_routed_us = SINCE(d0, SYMM_PROF_DISPATCH_ROUTED),
+        .dispatch_counted_us = SINCE(d0, SYMM_PROF_DISPATCH_COUNTED),
+        .dispatch_counts_in_us = SINCE(d0, SYMM_PROF_DISPATCH_COUNTS_IN),
+        .dispatch_bases_us = SINCE(d0, SYMM_PROF_DISPATCH_BASES),
+        .dispatch_stored_us = SINCE(d0, SYMM_PROF_DISPATCH_STORED),
+        .dispatch_rows_out_us = SINCE(d0, SYMM_PROF_DISPATCH_ROWS_OUT),
+        .dispatch_rows_in_us = SINCE(d0, SYMM_PROF_DISPATCH_ROWS_IN),
+        .dispatch_us = SINCE(d0, SYMM_PROF_DISPATCH_END),
+        .combine_issued_us = SINCE(c0, SYMM_PROF_COMBINE_ISSUED),
+        .combine_stored_us = SINCE(c0, SYMM_PROF_COMBINE_STORED),
+        .combine_pushed_us = SINCE(c0, SYMM_PROF_COMBINE_PUSHED),
+        .combine_us = SINCE(c0, SYMM_PROF_COMBINE_END),
     };
 #undef SINCE
     return SYMM_OK;

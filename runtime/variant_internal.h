@@ -21,11 +21,28 @@ typedef struct device_state {
 _Static_assert(sizeof(device_state) == 56, "device_state mirrors State in variant.cu.in");
 
 /* The profile slots (PROFILE=1): 16 u64 of %globaltimer at this offset of
- * the state record, indexed as ProfileSlot in variant.cu.in; slots 0 and 8
+ * the state record, named and ordered as ProfileSlot in variant.cu.in; slots 0 and 8
  * (the starts) keep the earliest value, the others the latest. */
 #define SYMM_PROFILE_OFFSET 128
 #define SYMM_PROFILE_SLOTS 16
-enum { SYMM_PROF_DISPATCH_START = 0, SYMM_PROF_COMBINE_START = 8 };
+enum {
+    SYMM_PROF_DISPATCH_START = 0,
+    SYMM_PROF_DISPATCH_COUNTED,
+    SYMM_PROF_DISPATCH_COUNTS_IN,
+    SYMM_PROF_DISPATCH_ROWS_OUT,
+    SYMM_PROF_DISPATCH_ROWS_IN,
+    SYMM_PROF_DISPATCH_END,
+    SYMM_PROF_DISPATCH_BASES,
+    SYMM_PROF_DISPATCH_STORED,
+    SYMM_PROF_COMBINE_START = 8,
+    SYMM_PROF_COMBINE_PUSHED,
+    SYMM_PROF_COMBINE_END,
+    SYMM_PROF_COMBINE_ISSUED,
+    SYMM_PROF_COMBINE_STORED,
+    SYMM_PROF_DISPATCH_ROUTED,
+    SYMM_PROF_USED
+};
+_Static_assert(SYMM_PROF_USED <= SYMM_PROFILE_SLOTS, "profile slots");
 
 struct symm_variant {
     symm_world *world;
