@@ -17,8 +17,9 @@ typedef struct device_state {
     int32_t tokens, recv_rows, invalid, dropped_send, dropped_recv, clamped;
     int32_t err_code, err_peer, err_phase, combine_next;
     uint64_t err_seq;
+    int32_t own_first, own_end;
 } device_state;
-_Static_assert(sizeof(device_state) == 56, "device_state mirrors State in variant.cu.in");
+_Static_assert(sizeof(device_state) == 64, "device_state mirrors State in variant.cu.in");
 
 /* The profile slots (PROFILE=1): 16 u64 of %globaltimer at this offset of
  * the state record, named and ordered as ProfileSlot in variant.cu.in; slots 0 and 8
