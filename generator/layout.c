@@ -31,11 +31,22 @@ int64_t sg_worst_capacity(const sg_variant *v)
     return (int64_t)v->world * v->max_tokens * per_token + local * (v->align - 1);
 }
 
-/* Entries of one rank's row of the count matrix: per destination rank (layout
- * rank) or per global expert (layout expert). */
+/* Bins of the count matrix: per destination rank (layout rank) or per
+ * global expert (layout expert). */
 static uint64_t count_row_entries(const sg_variant *v)
 {
     return v->layout == SYMM_LAYOUT_RANK ? (uint64_t)v->world : (uint64_t)v->experts;
+}
+
+/* Words of one count row: the bins, then (layout rank, at most
+ * SG_EXPERT_WORDS_MAX experts) the sender block's rows per local expert of
+ * the receiving rank, so that each rank learns its expert counts with the
+ * counts instead of from the rows after they land (docs/protocol.md). */
+#define SG_EXPERT_WORDS_MAX 1024
+static uint64_t count_row_words(const sg_variant *v)
+{
+    const bool words = v->layout == SYMM_LAYOUT_RANK && v->experts <= SG_EXPERT_WORDS_MAX;
+    return count_row_entries(v) + (words ? (uint64_t)(v->experts / v->world) : 0);
 }
 
 static void place(sg_layout *l, symm_region id, const char *name, uint64_t bytes, bool symmetric)
@@ -65,7 +76,7 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
 
     place(out, SYMM_REGION_SIGNALS, "signals", SG_SIGNAL_KINDS * W * SG_SIGNAL_SLOT, true);
     /* One count row per (source rank, source block), two parities. */
-    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * (uint64_t)v->sms * count_row_entries(v) * SG_COUNT_BYTES, true);
+    place(out, SYMM_REGION_COUNTS, "counts", 2 * W * (uint64_t)v->sms * count_row_words(v) * SG_COUNT_BYTES, true);
     place(out, SYMM_REGION_RECV_X, "recv_x", cap * H * elt, true);
     place(out, SYMM_REGION_RECV_SCALES, "recv_scales", fp8 ? cap * (H / SYMM_FP8_BLOCK) * 4 : 0, true);
     place(out, SYMM_REGION_RECV_SRC, "recv_src", cap * 16, true);

@@ -464,6 +464,8 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
         .dispatch_us = SINCE(d0, SYMM_PROF_DISPATCH_END),
         .combine_issued_us = SINCE(c0, SYMM_PROF_COMBINE_ISSUED),
         .combine_stored_us = SINCE(c0, SYMM_PROF_COMBINE_STORED),
+        .combine_fenced_us = SINCE(c0, SYMM_PROF_COMBINE_FENCED),
+        .combine_flags_in_us = SINCE(c0, SYMM_PROF_COMBINE_FLAGS_IN),
         .combine_pushed_us = SINCE(c0, SYMM_PROF_COMBINE_PUSHED),
         .combine_us = SINCE(c0, SYMM_PROF_COMBINE_END),
     };

@@ -159,7 +159,9 @@ typedef struct symm_variant_profile {
     double dispatch_us;           /* the kernel's last warp done */
     double combine_issued_us;     /* every push warp's first batch of rows issued */
     double combine_stored_us;     /* ... and complete at the peers (before its flags) */
+    double combine_fenced_us;     /* ... and fenced at system scope (then its flags) */
     double combine_pushed_us;     /* every received row pushed back and flagged */
+    double combine_flags_in_us;   /* every unit of summing work found its rows arrived */
     double combine_us;            /* every sum written */
 } symm_variant_profile;
 

@@ -386,7 +386,7 @@ static void expect_desc_of(const symm_variant_desc *d, const sg_variant *v, cons
 /* The regions the kernels index (templates/variant.cu.in) have exactly the
  * sizes docs/protocol.md gives them, for random variants: 128 bytes per
  * signal (the rows signal alone), one 8-byte word per count (the count
- * beside its call) in [2][W][SMS][bins], and so on. A kernel that indexed
+ * beside its call) in [2][W][SMS][bins + expert words], and so on. A kernel that indexed
  * a region by another rule would write out of bounds on the GPU; this
  * catches the generator's side of such a change without one. */
 Test(layout, regions_have_the_sizes_of_the_protocol)
@@ -402,13 +402,16 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
         const uint64_t H = (uint64_t)v.hidden, cap = (uint64_t)v.capacity;
         const bool rank = v.layout == SYMM_LAYOUT_RANK;
         const uint64_t bins = rank ? W : (uint64_t)v.experts;
+        /* Layout rank with at most 1024 experts: each count row also holds
+         * the block's rows per local expert of the receiver. */
+        const uint64_t words = bins + (rank && v.experts <= 1024 ? (uint64_t)(v.experts / v.world) : 0);
         const uint64_t slots = rank ? W * T : T * K;
         const struct {
             symm_region id;
             uint64_t bytes;
         } want[] = {
             {SYMM_REGION_SIGNALS, W * 128},
-            {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * bins * 8},
+            {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * words * 8},
             {SYMM_REGION_RECV_X, cap * H * (uint64_t)symm_dtype_size(v.dtype)},
             {SYMM_REGION_RECV_SRC, cap * 16},
             {SYMM_REGION_COMBINE_IN, slots * H * (uint64_t)symm_dtype_size(v.combine_dtype)},

@@ -1004,10 +1004,16 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
         /* A first batch is issued, then complete, then flagged (issued and
          * stored -1 when no push warp had rows for a peer). */
         cr_assert((p.combine_issued_us >= 0) == (p.combine_stored_us >= 0) &&
+                      (p.combine_issued_us >= 0) == (p.combine_fenced_us >= 0) &&
                       (p.combine_issued_us < 0 ||
-                       (p.combine_issued_us <= p.combine_stored_us && p.combine_stored_us <= p.combine_pushed_us)),
-                  "rank %d: first batch issued %.1f, stored %.1f, pushed %.1f us", t.c.rank, p.combine_issued_us,
-                  p.combine_stored_us, p.combine_pushed_us);
+                       (p.combine_issued_us <= p.combine_stored_us && p.combine_stored_us <= p.combine_fenced_us &&
+                        p.combine_fenced_us <= p.combine_pushed_us)),
+                  "rank %d: first batch issued %.1f, stored %.1f, fenced %.1f, pushed %.1f us", t.c.rank,
+                  p.combine_issued_us, p.combine_stored_us, p.combine_fenced_us, p.combine_pushed_us);
+        /* Every unit of summing work waits for its rows before it sums
+         * (-1 when this rank had no tokens). */
+        cr_assert(p.combine_flags_in_us <= p.combine_us, "rank %d: flags in %.1f us after the end %.1f us", t.c.rank,
+                  p.combine_flags_in_us, p.combine_us);
         if (t.c.rank == 0 && call == 1)
             printf("profile (%s, %s, 2 ranks time-sliced: not a timing): dispatch %.1f %.1f %.1f %.1f %.1f %.1f "
                    "%.1f %.1f, combine %.1f %.1f %.1f %.1f us\n", t.name, tune, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
