@@ -383,10 +383,16 @@ static void upload(world_case *wc, host_case *hc, bool tokens_on_device)
         CU(cuMemcpyHtoDAsync(wc->dev.y, hc->y[g_rank], y_rows * crow, s));
     CU(cuMemsetD8Async(wc->dev.out, POISON, (size_t)d->max_tokens * crow, s));
     symm_recv_buffers rb;
-    symm_variant_recv(wc->v, &rb);
+    const symm_status rs = symm_variant_recv(wc->v, &rb);
+    if (rs != SYMM_OK)
+        die("symm_variant_recv", rs);
     const size_t cap = (size_t)d->capacity;
     CU(cuMemsetD8Async(rb.x, POISON, cap * H * symm_dtype_size(d->dtype), s));
     CU(cuMemsetD8Async(rb.src, POISON, cap * 16, s));
+    /* Every expert's count (and offset) is written by each call. */
+    CU(cuMemsetD8Async(rb.expert_count, POISON, (size_t)(d->experts / d->world) * 4, s));
+    if (rb.expert_offset)
+        CU(cuMemsetD8Async(rb.expert_offset, POISON, (size_t)(d->experts / d->world) * 4, s));
     if (rb.topk_idx)
         CU(cuMemsetD8Async(rb.topk_idx, POISON, cap * K * 4, s));
     if (rb.weights)
