@@ -64,7 +64,7 @@ for s in "$@"; do
             --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
             default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=0 SUM_UNROLL=8 PUSH_BATCH=2 \
-            LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1
+            LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1
           [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
     proxy)
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
