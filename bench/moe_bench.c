@@ -72,6 +72,7 @@ typedef struct row_spec {
 static const row_spec matrix[] = {
     {"a", "bench_dsv3_prefill", 4096, ROUTE_UNIFORM},
     {"b", "bench_dsv3_decode", 128, ROUTE_UNIFORM},
+    {"b.64", "bench_dsv3_decode_sms64", 128, ROUTE_UNIFORM},
     {"c.prefill", "bench_qwen3_prefill", 4096, ROUTE_UNIFORM},
     {"c.decode", "bench_qwen3_decode", 128, ROUTE_UNIFORM},
     {"d", "bench_dsv3_prefill", 4096, ROUTE_ZIPF},

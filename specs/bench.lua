@@ -5,7 +5,8 @@
 -- The rows of the benchmark (bench/moe_bench.c, table "matrix") name these
 -- variants; a name changed here must change there.
 --   (a) prefill   bench_dsv3_prefill          DeepSeek-V3 shape, T = 4096
---   (b) decode    bench_dsv3_decode           the same, T = 128
+--   (b) decode    bench_dsv3_decode           the same, T = 128 (b.64: at sms 64,
+--                 bench_dsv3_decode_sms64     a row of its own)
 --   (c)           bench_qwen3_prefill/decode  hidden 4096, 128 experts, top-8
 --   (d)           bench_dsv3_prefill          (a) with Zipf-skewed routing
 --   (e) sweep     bench_dsv3_sweep            T = 128 .. 8192 (max_tokens 8192)
@@ -34,6 +35,9 @@ end
 
 layout(bench("bench_dsv3_prefill", dsv3, { max_tokens = PREFILL }))
 layout(bench("bench_dsv3_decode", dsv3, { max_tokens = DECODE }))
+-- (b) with 64 SMs: decode's rows are few, and each SM moves its share
+-- through its own copy engine (TMA), so latency falls with more SMs.
+layout(bench("bench_dsv3_decode_sms64", dsv3, { max_tokens = DECODE, sms = 64 }))
 layout(bench("bench_qwen3_prefill", qwen3, { max_tokens = PREFILL }))
 layout(bench("bench_qwen3_decode", qwen3, { max_tokens = DECODE }))
 
