@@ -278,6 +278,11 @@ static int tokens_for(const symm_variant_desc *d, int batch_kind, int rank, moe_
     case 1: return 1;
     case 2: { int t = (max / 3) | 1; return t > max ? max : t; }
     case 3: return max;
+    case 5: /* the ranks' tokens add up to the capacity (6: one more) */
+    case 6: {
+        const int64_t total = d->capacity + (batch_kind == 6), W = d->world;
+        return (int)(total / W + (rank < total % W));
+    }
     default: return moe_rng_int(r, max + 1) * (rank + 1) % (max + 1); /* differs per rank */
     }
 }
@@ -619,6 +624,30 @@ static int time_variant(symm_world *w, world_case *wc, int iters)
     return world_failures(w, f.count) != 0;
 }
 
+/* One case of the matrix: inputs, a dispatch + combine, every result
+ * checked. 1 when it failed on some rank (agreed by all ranks), else 0. */
+static int run_case(symm_world *w, world_case *wc, int case_id, routing how, int batch, uint64_t seed)
+{
+    host_case *hc = calloc(1, sizeof *hc);
+    if (!hc)
+        die("run_case", SYMM_ERR_NOMEM);
+    host_case_build(wc, hc, case_id, how, batch);
+    upload(wc, hc, batch == 4);
+    failures f = {0};
+    const symm_status st = run_call(wc, hc, batch == 4);
+    if (st != SYMM_OK)
+        fail(&f, "call: %s: %s", symm_status_name(st), symm_last_error());
+    else
+        check_results(wc, hc, &f);
+    if (f.count)
+        fprintf(stderr, "FAIL %s rank %d routing %s batch %d (T=%d) seed 0x%" PRIx64 ": %s\n", wc->d->name, g_rank,
+                routing_names[how], batch, hc->in[g_rank].tokens, seed, f.first);
+    const int failed = world_failures(w, f.count) != 0;
+    host_case_free(wc, hc);
+    free(hc);
+    return failed;
+}
+
 /* The matrix for one variant: routings x batch kinds, then graph replays.
  * Returns the number of failed cases (agreed by all ranks). */
 static int run_variant(symm_world *w, const options *o, const symm_variant_desc *d, int *cases_out)
@@ -641,24 +670,21 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
                 continue;
             if (o->quick && batch == 4)
                 continue;
-            host_case *hc = calloc(1, sizeof *hc);
-            host_case_build(&wc, hc, ++case_id, (routing)how, batch);
-            upload(&wc, hc, batch == 4);
-            failures f = {0};
-            st = run_call(&wc, hc, batch == 4);
-            if (st != SYMM_OK)
-                fail(&f, "call: %s: %s", symm_status_name(st), symm_last_error());
-            else
-                check_results(&wc, hc, &f);
-            if (f.count)
-                fprintf(stderr, "FAIL %s rank %d routing %s batch %d (T=%d) seed 0x%" PRIx64 ": %s\n", d->name, g_rank,
-                        routing_names[how], batch, hc->in[g_rank].tokens, o->seed, f.first);
-            failed += world_failures(w, f.count) != 0;
+            failed += run_case(w, &wc, ++case_id, (routing)how, batch, o->seed);
             cases++;
-            host_case_free(&wc, hc);
-            free(hc);
         }
     }
+    /* Layout rank below the worst-case capacity, top-k within one rank's
+     * experts: every token to rank 0 (one row each), which then receives
+     * exactly its capacity (nothing dropped: the expert counts come from
+     * the count words), then one row more (one dropped: they come from the
+     * arrived rows). */
+    if (!o->time_only && d->layout == SYMM_LAYOUT_RANK && d->capacity < d->worst_capacity &&
+        d->topk <= d->experts / d->world)
+        for (int batch = 5; batch <= 6; batch++) {
+            failed += run_case(w, &wc, ++case_id, R_ONE_RANK, batch, o->seed);
+            cases++;
+        }
     /* Graph: dispatch + combine captured once, replayed with fresh inputs and
      * T from device memory each time. */
     int replays = o->backend == SYMM_BACKEND_NATIVE ? (o->quick ? o->graph_replays / 10 : o->graph_replays) : 0;
