@@ -1051,8 +1051,8 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
         CHECK(b, "symm_variant_profile_read", symm_variant_profile_read(c->v, b->stream, &p));
         const double f[PROFILE_FIELDS] = {p.dispatch_routed_us, p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
                                           p.dispatch_stored_us, p.dispatch_rows_out_us, p.dispatch_rows_in_us,
-                                          p.dispatch_us, p.combine_issued_us, p.combine_stored_us,
-                                          p.combine_pushed_us, p.combine_us, p.combine_fenced_us, p.combine_flags_in_us};
+                                          p.dispatch_us, p.combine_issued_us, p.combine_stored_us, p.combine_fenced_us,
+                                          p.combine_pushed_us, p.combine_flags_in_us, p.combine_us};
         for (int j = 0; j < PROFILE_FIELDS; j++)
             t[j][i] = f[j];
     }
@@ -1069,8 +1069,8 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
         say(b, "    profile %-10s rank %d (us from the kernel's start, median of %d single pairs): dispatch: "
                "routed %.1f, counts out %.1f, in %.1f, bases %.1f, stored %.1f, rows out %.1f, in %.1f, end %.1f; "
                "combine: first batch issued %.1f, stored %.1f, fenced %.1f, pushed %.1f, flags in %.1f, end %.1f\n",
-            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[12], m[10], m[13],
-            m[11]);
+            r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], m[12],
+            m[13]);
     }
     free(all);
 }
