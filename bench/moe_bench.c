@@ -355,6 +355,8 @@ typedef struct row_result {
     bool ours_ok;
     stat2 dispatch, combine;
     const char *ours_mode;   /* "one graph" of all pairs, or "graph per call" */
+    bool pair_ok;            /* pair: one dispatch + combine, `calls` back to back in one graph */
+    stat2 pair;              /* with events only around the graph (per pair) */
     char note[NOTE_LEN];
     /* the NCCL backend (measured, or copied from a row with the same traffic) */
     bool have_nccl, nccl_ok;
@@ -960,6 +962,18 @@ static symm_status issue_timed_pairs(bench *b, void *ctx, CUstream s)
     return SYMM_OK;
 }
 
+/* Every pair back to back with nothing between them, as an application's
+ * graph holds them: timed by events around the whole graph (time_one). */
+static symm_status issue_bare_pairs(bench *b, void *ctx, CUstream s)
+{
+    pair_ctx *c = ctx;
+    for (int i = 0; i < c->calls; i++) {
+        SYMM_TRY(issue_dispatch(b, c, s));
+        SYMM_TRY(issue_combine(b, c, s));
+    }
+    return SYMM_OK;
+}
+
 /* How a row's pairs are issued: one graph of all of them (whole), or one
  * graph or plain call per dispatch and per combine with the events between. */
 typedef struct pair_works {
@@ -1078,8 +1092,14 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
 /* Time dispatch and combine of v at one row (graphs for the native backend,
  * plain calls for the NCCL backend). *ok false (agreed by all ranks) with a
  * note when a capture, a call or the statistics after the timing failed. */
+static stat2 time_one(bench *b, work *w, int calls);
+
+/* With graphs, also *pair (when pair is not NULL): the pairs back to back in
+ * one graph with no event between them, per pair; *pair_ok false where that
+ * capture failed on some rank. */
 static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *db, const row_result *r,
-                       stat2 *dispatch, stat2 *combine, const char **mode, bool *ok, char *note)
+                       stat2 *dispatch, stat2 *combine, const char **mode, bool *ok, char *note, stat2 *pair,
+                       bool *pair_ok)
 {
     const symm_variant_desc *d = r->desc;
     const int reps = b->o->reps;
@@ -1115,6 +1135,21 @@ static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *d
         *combine = slowest_rank(b, us + reps);
         if (b->o->profile)
             profile_calls(b, &c, r);
+    }
+    if (*ok && graphs && pair) {
+        work bare = {issue_bare_pairs, &c, NULL};
+        symm_status st = work_capture(b, &bare);
+        if (st != SYMM_OK)
+            fprintf(stderr, "moe_bench: rank %d: %s: the pairs in one graph without events: %s\n", b->rank, d->name,
+                    symm_last_error());
+        *pair_ok = agree(b, st == SYMM_OK, "", NULL);
+        if (*pair_ok)
+            *pair = time_one(b, &bare, r->calls);
+        work_release(b, &bare);
+        st = symm_variant_stats_read(v, b->stream, NULL);
+        if (st != SYMM_OK)
+            snprintf(why, sizeof why, "after the timed pairs: %s: %s", symm_status_name(st), symm_last_error());
+        *ok = agree(b, st == SYMM_OK, why, note);
     }
     work_release(b, &pw.whole);
     work_release(b, &pw.dispatch);
@@ -1178,10 +1213,12 @@ static void stage_native(bench *b, const variant_plan *vp, const guard *g, const
             snprintf(r->note, NOTE_LEN, "%s", note);
             continue;
         }
-        time_calls(b, v, true, db, r, &r->dispatch, &r->combine, &r->ours_mode, &r->ours_ok, r->note);
+        time_calls(b, v, true, db, r, &r->dispatch, &r->combine, &r->ours_mode, &r->ours_ok, r->note, &r->pair,
+                   &r->pair_ok);
         if (r->ours_ok)
-            say(b, "    row %-10s T=%-5d dispatch %8.1f us  combine %8.1f us  (p50, %d pairs per repetition, %s)\n",
-                r->spec->id, r->spec->tokens, r->dispatch.p50, r->combine.p50, r->calls, r->ours_mode);
+            say(b, "    row %-10s T=%-5d dispatch %8.1f us  combine %8.1f us  pair %8.1f us  (p50, %d pairs per "
+                "repetition, %s)\n", r->spec->id, r->spec->tokens, r->dispatch.p50, r->combine.p50,
+                r->pair_ok ? r->pair.p50 : NAN, r->calls, r->ours_mode);
         else
             say(b, "    row %-10s FAIL: %s\n", r->spec->id, r->note);
     }
@@ -1255,7 +1292,8 @@ static void stage_nccl_backend(bench *b, const variant_plan *vp, const guard *g,
             continue;
         }
         const char *mode;
-        time_calls(b, v, false, db, r, &r->nccl_dispatch, &r->nccl_combine, &mode, &r->nccl_ok, r->nccl_note);
+        time_calls(b, v, false, db, r, &r->nccl_dispatch, &r->nccl_combine, &mode, &r->nccl_ok, r->nccl_note,
+                   NULL, NULL);
         if (r->nccl_ok)
             say(b, "    row %-10s T=%-5d NCCL backend: dispatch %8.1f us  combine %8.1f us\n", r->spec->id,
                 r->spec->tokens, r->nccl_dispatch.p50, r->nccl_combine.p50);
@@ -1547,7 +1585,7 @@ static void fill_main_table(const bench *b, table *t)
 /* Table 2: the baselines themselves. */
 static void fill_baseline_table(const bench *b, table *t)
 {
-    static const char *const head[] = {"row", "T", "calls", "ours timed as", "NCCL backend dispatch us",
+    static const char *const head[] = {"row", "T", "calls", "ours timed as", "ours pair us", "NCCL backend dispatch us",
                                        "NCCL backend combine us",
                                        "NCCL backend GB/s d/c", "raw NCCL us", "raw NCCL GB/s", "raw NCCL timed as",
                                        "ceiling us", "ceiling GB/s", "create ms"};
@@ -1565,17 +1603,18 @@ static void fill_baseline_table(const bench *b, table *t)
         cell(t, n, 1, "%d", r->spec->tokens);
         cell(t, n, 2, "%d", r->calls);
         cell(t, n, 3, "%s", r->ours_ok && r->ours_mode ? r->ours_mode : "-");
+        cell(t, n, 4, "%s", pair(buf, r->ours_ok && r->pair_ok, r->pair.p50, r->pair.p90, 1));
         const char *nccl_failed = r->have_nccl && !nccl ? "FAIL" : NULL;
-        cell(t, n, 4, "%s", nccl_failed ? nccl_failed : pair(buf, nccl, r->nccl_dispatch.p50, r->nccl_dispatch.p90, 1));
-        cell(t, n, 5, "%s", nccl_failed ? nccl_failed : pair(buf, nccl, r->nccl_combine.p50, r->nccl_combine.p90, 1));
-        cell(t, n, 6, "%s", pair(buf, nccl, gbs(r->remote_mean, r->nccl_dispatch.p50),
+        cell(t, n, 5, "%s", nccl_failed ? nccl_failed : pair(buf, nccl, r->nccl_dispatch.p50, r->nccl_dispatch.p90, 1));
+        cell(t, n, 6, "%s", nccl_failed ? nccl_failed : pair(buf, nccl, r->nccl_combine.p50, r->nccl_combine.p90, 1));
+        cell(t, n, 7, "%s", pair(buf, nccl, gbs(r->remote_mean, r->nccl_dispatch.p50),
                                  gbs(r->remote_mean, r->nccl_combine.p50), 0));
-        cell(t, n, 7, "%s", pair(buf, r->raw_ok, r->raw.p50, r->raw.p90, 1));
-        cell(t, n, 8, "%s", num(buf, r->raw_ok, gbs(r->remote_mean, r->raw.p50), 0));
-        cell(t, n, 9, "%s", r->raw_ok ? (r->raw_graph ? "graph" : "plain calls") : "-");
-        cell(t, n, 10, "%s", pair(buf, r->ceiling_ok, r->ceiling.p50, r->ceiling.p90, 1));
-        cell(t, n, 11, "%s", num(buf, r->ceiling_ok, gbs(r->remote_mean, r->ceiling.p50), 0));
-        cell(t, n, 12, "%.0f", r->create_ms);
+        cell(t, n, 8, "%s", pair(buf, r->raw_ok, r->raw.p50, r->raw.p90, 1));
+        cell(t, n, 9, "%s", num(buf, r->raw_ok, gbs(r->remote_mean, r->raw.p50), 0));
+        cell(t, n, 10, "%s", r->raw_ok ? (r->raw_graph ? "graph" : "plain calls") : "-");
+        cell(t, n, 11, "%s", pair(buf, r->ceiling_ok, r->ceiling.p50, r->ceiling.p90, 1));
+        cell(t, n, 12, "%s", num(buf, r->ceiling_ok, gbs(r->remote_mean, r->ceiling.p50), 0));
+        cell(t, n, 13, "%.0f", r->create_ms);
     }
 }
 
@@ -1594,6 +1633,9 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
                "%s  (CU_EVENT_RECORD_EXTERNAL); `graph per call`: one graph per dispatch and per combine (the\n"
                "%s  fallback where such a capture fails), the events between the graph launches.\n",
             li, li, li);
+    fprintf(f, "%sours pair: one dispatch and its combine, the row's `calls` pairs back to back in one graph\n"
+               "%s  with no event node between them (as an application's graph holds them), timed by events\n"
+               "%s  around the graph launch: p50/p90 of the slowest rank's time / calls.\n", li, li, li);
     fprintf(f, "%sNCCL backend: plain calls, not graphs (it needs host counts and refuses capture); its host\n"
                "%s  waits count.\n", li, li);
     fprintf(f, "%sraw NCCL: ncclSend/ncclRecv of exactly the payload bytes dispatch moves to each peer, `calls`\n"
@@ -1635,7 +1677,8 @@ static const char *const csv_head =
     "nccl_status,nccl_dispatch_p50_us,nccl_dispatch_p90_us,nccl_combine_p50_us,nccl_combine_p90_us,"
     "nccl_dispatch_gbs,nccl_combine_gbs,raw_nccl_mode,raw_nccl_p50_us,raw_nccl_p90_us,raw_nccl_gbs,"
     "ceiling_p50_us,ceiling_p90_us,ceiling_gbs,pct_ceiling_dispatch,pct_ceiling_combine,"
-    "x_nccl_backend_dispatch,x_nccl_backend_combine,x_raw_nccl_dispatch,x_raw_nccl_combine,sym_mib,create_ms,note\n";
+    "x_nccl_backend_dispatch,x_nccl_backend_combine,x_raw_nccl_dispatch,x_raw_nccl_combine,sym_mib,create_ms,"
+    "pair_p50_us,pair_p90_us,note\n";
 
 /* One number, or an empty field when it was not measured. */
 static void csv_num(FILE *f, bool ok, double v) { ok ? fprintf(f, ",%.2f", v) : fprintf(f, ","); }
@@ -1663,6 +1706,7 @@ static void csv_row(FILE *f, const row_result *r)
     csv_num(f, ours && nc, r->nccl_dispatch.p50 / dp.p50), csv_num(f, ours && nc, r->nccl_combine.p50 / cb.p50);
     csv_num(f, ours && raw, r->raw.p50 / dp.p50), csv_num(f, ours && raw, r->raw.p50 / cb.p50);
     csv_num(f, true, r->sym_mib), csv_num(f, true, r->create_ms);
+    csv_num(f, ours && r->pair_ok, r->pair.p50), csv_num(f, ours && r->pair_ok, r->pair.p90);
     /* The note is free text: keep it one CSV field. */
     fprintf(f, ",\"");
     for (const char *p = ours ? (nc || !r->have_nccl ? "" : r->nccl_note) : r->note; *p; p++)

@@ -23,6 +23,7 @@ static const struct knob {
     {"PREFETCH", 0, 1},    /* 1: loads issued ahead (topk ids, a warp's first rows, a push batch's rows) */
     {"LOCAL_VEC", 0, 1},   /* dispatch: 1: rows for this rank stored by the warp's lanes, not the bulk copy */
     {"PROFILE", 0, 1},     /* 1: the kernels record phase times (symm_variant_profile_read) */
+    {"PDL", 0, 1},         /* 1: dispatch and combine launched as programmatic dependents (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
@@ -30,6 +31,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
 {
     out->count = 0;
     out->profile = false;
+    out->pdl = true;
     /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
     char list[256];
     size_t at = 0;
@@ -44,6 +46,7 @@ symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out
 {
     out->count = 0;
     out->profile = false;
+    out->pdl = true;
     if (!text)
         return SYMM_OK;
     unsigned seen = 0;
@@ -89,5 +92,7 @@ symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out
         snprintf(out->option[out->count++], SYMM_TUNE_OPTION_LEN, "-DSYMM_TUNE_%s=%ld", knobs[k].name, v);
         if (!strcmp(knobs[k].name, "PROFILE"))
             out->profile = v == 1;
+        if (!strcmp(knobs[k].name, "PDL"))
+            out->pdl = v == 1;
     }
 }

@@ -20,6 +20,7 @@
 typedef struct symm_tune {
     int count;
     bool profile; /* PROFILE=1: the kernels record phase times */
+    bool pdl;     /* PDL (default 1): dispatch and combine launched as programmatic dependents */
     char option[SYMM_TUNE_MAX_ITEMS][SYMM_TUNE_OPTION_LEN]; /* "-DSYMM_TUNE_NAME=value" */
 } symm_tune;
 

@@ -115,6 +115,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     else
         SYMM_TRY(symm_tune_parse(getenv("SYMM_TUNE"), "SYMM_TUNE", &tune));
     v->profile = tune.profile;
+    v->pdl = tune.pdl;
     const int n_desc = v->desc->n_nvrtc_options > 0 ? v->desc->n_nvrtc_options : 0;
     const char **options = calloc((size_t)(n_desc + tune.count) + 1, sizeof *options);
     if (!options)
@@ -319,13 +320,29 @@ static void base_args(const symm_variant *v, kernel_args *k)
     k->timeout_ns = v->timeout_ns;
 }
 
+/* pdl: launched as a programmatic dependent of the kernel before it on the
+ * stream (programmatic stream serialization): its blocks may be scheduled
+ * while that kernel ends, and each waits (griddepcontrol.wait, the kernels'
+ * first instruction that touches memory) until that kernel has completed and
+ * its writes are visible. It hides the launch of dispatch and combine behind
+ * the kernel before them, inside CUDA graphs too; after anything but a kernel
+ * the dependency is an ordinary one. */
 static symm_status launch(const symm_variant *v, CUfunction fn, unsigned blocks, unsigned threads, unsigned smem,
-                          kernel_args *k, CUstream stream, const char *what)
+                          kernel_args *k, CUstream stream, bool pdl, const char *what)
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
     void *params[] = {k};
-    symm_status st = symm_cuda_check(cu->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, smem, stream, params, NULL), what);
+    CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                              .value = {.programmaticStreamSerializationAllowed = 1}};
+    const CUlaunchConfig config = {.gridDimX = blocks, .gridDimY = 1, .gridDimZ = 1,
+                                   .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
+                                   .sharedMemBytes = smem, .hStream = stream,
+                                   .attrs = &attr, .numAttrs = 1};
+    symm_status st = symm_cuda_check(pdl ? cu->cuLaunchKernelEx(&config, fn, params, NULL)
+                                         : cu->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, smem, stream, params,
+                                                              NULL),
+                                     what);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s: ", v->desc->name);
     return st;
@@ -355,7 +372,7 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
     k.topk_weights = (CUdeviceptr)args->topk_weights;
     k.tokens_dev = (CUdeviceptr)args->tokens_dev;
     k.tokens = args->tokens;
-    SYMM_TRY(launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, v->dispatch_smem, &k, stream,
+    SYMM_TRY(launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, v->dispatch_smem, &k, stream, v->pdl,
                     "dispatch: launch of symm_dispatch"));
     v->awaiting_combine = true;
     return SYMM_OK;
@@ -385,7 +402,7 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
         base_args(v, &k);
         k.y = (CUdeviceptr)y;
         k.out = (CUdeviceptr)out;
-        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, v->combine_smem, &k, stream,
+        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, v->combine_smem, &k, stream, v->pdl,
                     "combine: launch of symm_combine");
     }
     if (st == SYMM_OK)
@@ -398,7 +415,8 @@ symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stre
     kernel_args k;
     base_args(v, &k);
     k.out = (CUdeviceptr)out;
-    return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream, "combine: launch of symm_reduce");
+    return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream, false,
+                  "combine: launch of symm_reduce");
 }
 
 static CUdeviceptr region_ptr(const symm_variant *v, symm_region id)

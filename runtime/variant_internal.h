@@ -63,6 +63,7 @@ struct symm_variant {
     unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */
     bool profile;              /* created with PROFILE=1 (symm_variant_profile_read) */
+    bool pdl;                  /* dispatch and combine launched as programmatic dependents (tune PDL) */
     double jit_ms;
     bool jit_cache_hit;
     struct symm_variant_nccl *nccl; /* NCCL backend state, or NULL */

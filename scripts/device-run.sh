@@ -5,7 +5,7 @@
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, nccl, world4, world8, sanitize, bench, profile, tune, proxy,
 #        rtbench (profile and tune: on 2 GPUs; tune times the defaults beside
-#        the knobs of bench/NOTES.md entries 7-13 set the other way; proxy:
+#        the knobs of bench/NOTES.md entries 7-13 and 24 set the other way; proxy:
 #        on one GPU, both ranks at once under CUDA MPS, moe_bench
 #        --shared-gpu, groups PROXY_GROUPS (a,b,f), then a profile of a,b)
 set -uo pipefail
@@ -64,7 +64,7 @@ for s in "$@"; do
             --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
             default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=0 SUM_UNROLL=8 PUSH_BATCH=2 \
-            LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1
+            LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1 PDL=0
           [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
     proxy)
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log

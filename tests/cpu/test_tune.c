@@ -35,7 +35,7 @@ static const struct {
     int min, max;
 } knobs[] = {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
-    {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1},
+    {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -48,8 +48,10 @@ Test(tune, nothing_means_no_option)
     symm_tune t;
     cr_assert_eq(symm_tune_parse(NULL, "SYMM_TUNE", &t), SYMM_OK);
     cr_assert_eq(t.count, 0);
+    cr_assert(t.pdl && !t.profile, "defaults: PDL on, PROFILE off");
     cr_assert_eq(symm_tune_parse("", "SYMM_TUNE", &t), SYMM_OK);
     cr_assert_eq(t.count, 0);
+    cr_assert(t.pdl && !t.profile, "defaults: PDL on, PROFILE off");
     cr_assert_eq(symm_tune_parse(" ,, \t", "SYMM_TUNE", &t), SYMM_OK);
     cr_assert_eq(t.count, 0);
 }
@@ -78,14 +80,16 @@ Test(tune, every_knob_in_range_becomes_one_define)
         symm_tune t;
         cr_assert_eq(symm_tune_parse(text, "SYMM_TUNE", &t), SYMM_OK, "\"%s\": %s", text, symm_last_error());
         cr_assert_eq(t.count, n, "\"%s\"", text);
-        bool profile = false;
+        bool profile = false, pdl = true;
         for (int i = 0; i < n; i++) {
             char want[64];
             FMT(want, "-DSYMM_TUNE_%s=%d", knobs[order[i]].name, value[i]);
             cr_assert_str_eq(t.option[i], want, "\"%s\"", text);
             profile |= !strcmp(knobs[order[i]].name, "PROFILE") && value[i] == 1;
+            pdl &= !(!strcmp(knobs[order[i]].name, "PDL") && value[i] == 0);
         }
         cr_assert_eq(t.profile, profile, "\"%s\": profile %d", text, t.profile);
+        cr_assert_eq(t.pdl, pdl, "\"%s\": pdl %d", text, t.pdl);
     }
 }
 

@@ -974,10 +974,10 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
     char tune[160];
     snprintf(tune, sizeof tune,
              "PUSH_WARPS=%d,PUSH_WARPS_SMALL=%d,PUSH_BATCH=%d,BULK_SLOTS=%d,SUM_UNROLL=%d,PREFETCH=%d,LOCAL_VEC=%d, "
-             "PROFILE=1",
+             "PDL=%d,PROFILE=1",
              1 + (int)(next_random(&s) % 16), (int)(next_random(&s) % 17), 1 + (int)(next_random(&s) % 32),
              1 + (int)(next_random(&s) % 4), 1 + (int)(next_random(&s) % 10), (int)(next_random(&s) % 2),
-             (int)(next_random(&s) % 2));
+             (int)(next_random(&s) % 2), (int)(next_random(&s) % 2));
     symm_variant_options o = native_options();
     o.tune = tune;
     vt_open(&t, &o);
