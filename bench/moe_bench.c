@@ -103,7 +103,7 @@ typedef struct options {
     const char *manifest, *csv, *markdown, *groups;
     int reps, warmup;
     uint64_t seed;
-    bool no_nccl, nccl_plain, plan, profile, shared_gpu;
+    bool no_nccl, nccl_plain, plan, profile, shared_gpu, inline_events;
 } options;
 
 static void usage(FILE *f)
@@ -129,6 +129,8 @@ static void usage(FILE *f)
             "  --seed S         seed of routings and inputs (default: fresh, printed)\n"
             "  --no-nccl        skip the NCCL backend and raw NCCL (their columns stay empty)\n"
             "  --nccl-plain     time raw NCCL with plain calls instead of a CUDA graph\n"
+            "  --inline-events  time ours with the event nodes between the kernels (each kernel\n"
+            "                   then waits for an event node) instead of on a side branch\n"
             "  --shared-gpu     let ranks share GPUs (a development proxy: run it under CUDA MPS so\n"
             "                   that they run at once; their rows then never cross NVLink, so the\n"
             "                   times are not the benchmark's); implies --no-nccl\n"
@@ -208,6 +210,8 @@ static int parse_options(int argc, char **argv, options *o)
             o->no_nccl = true;
         } else if (!strcmp(a, "--nccl-plain")) {
             o->nccl_plain = true;
+        } else if (!strcmp(a, "--inline-events")) {
+            o->inline_events = true;
         } else if (!strcmp(a, "--profile")) {
             o->profile = true;
         } else if (!strcmp(a, "--plan")) {
@@ -400,6 +404,8 @@ typedef struct bench {
     CUevent ev[MAX_EVENTS];   /* timing events */
     CUevent done;             /* recorded after each repetition: what the host waits for */
     CUevent fork, *join;      /* the ceiling's fork and joins */
+    CUstream side;            /* ours: the timing events' side branch (issue_timed_pairs) */
+    CUevent side_fork, side_join;
     symm_alloc *flags;        /* device barrier: flag of rank s at s * FLAG_SLOT */
     uint32_t epoch;
     double wait_timeout_s;
@@ -946,19 +952,43 @@ static symm_status issue_combine(bench *b, void *ctx, CUstream s)
     return symm_variant_combine(c->v, (const void *)(uintptr_t)c->y, (void *)(uintptr_t)c->out, s);
 }
 
-/* Every pair with its events, for capture into one graph: the events become
- * event-record nodes (CU_EVENT_RECORD_EXTERNAL) that replays record. */
+/* Timing event k, for capture: an event-record node (CU_EVENT_RECORD_EXTERNAL,
+ * recorded by every replay) after everything issued on s so far. By default
+ * on a side branch: the node depends on the kernel before it and nothing
+ * depends on it, so the kernels follow each other as in an application's
+ * graph (a kernel after an event node waits for that node, and dispatch and
+ * combine then are not programmatic dependents of each other). With
+ * --inline-events the node sits on s itself, between the kernels. */
+static symm_status mark(bench *b, CUstream s, int k)
+{
+    const symm_cuda_api *cu = b->cu;
+    if (b->o->inline_events) {
+        SYMM_CU(cu, cuEventRecordWithFlags(b->ev[k], s, CU_EVENT_RECORD_EXTERNAL));
+        return SYMM_OK;
+    }
+    SYMM_CU(cu, cuEventRecord(b->side_fork, s));
+    SYMM_CU(cu, cuStreamWaitEvent(b->side, b->side_fork, 0));
+    SYMM_CU(cu, cuEventRecordWithFlags(b->ev[k], b->side, CU_EVENT_RECORD_EXTERNAL));
+    return SYMM_OK;
+}
+
+/* Every pair with its events, for capture into one graph (see mark); the
+ * side branch joins s at the end. */
 static symm_status issue_timed_pairs(bench *b, void *ctx, CUstream s)
 {
     const symm_cuda_api *cu = b->cu;
     pair_ctx *c = ctx;
     for (int i = 0; i < c->calls; i++) {
-        SYMM_CU(cu, cuEventRecordWithFlags(b->ev[2 * i], s, CU_EVENT_RECORD_EXTERNAL));
+        SYMM_TRY(mark(b, s, 2 * i));
         SYMM_TRY(issue_dispatch(b, c, s));
-        SYMM_CU(cu, cuEventRecordWithFlags(b->ev[2 * i + 1], s, CU_EVENT_RECORD_EXTERNAL));
+        SYMM_TRY(mark(b, s, 2 * i + 1));
         SYMM_TRY(issue_combine(b, c, s));
     }
-    SYMM_CU(cu, cuEventRecordWithFlags(b->ev[2 * c->calls], s, CU_EVENT_RECORD_EXTERNAL));
+    SYMM_TRY(mark(b, s, 2 * c->calls));
+    if (!b->o->inline_events) {
+        SYMM_CU(cu, cuEventRecord(b->side_join, b->side));
+        SYMM_CU(cu, cuStreamWaitEvent(s, b->side_join, 0));
+    }
     return SYMM_OK;
 }
 
@@ -1630,9 +1660,12 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
                "%s  its combine: combine's flags count arrivals per dispatch, so neither may be repeated alone.\n",
             li, SMALL_T_CALLS, SMALL_T, li, li, li);
     fprintf(f, "%sours: CUDA-graph replays; `one graph`: all pairs in one graph, the events as event-record nodes\n"
-               "%s  (CU_EVENT_RECORD_EXTERNAL); `graph per call`: one graph per dispatch and per combine (the\n"
-               "%s  fallback where such a capture fails), the events between the graph launches.\n",
-            li, li, li);
+               "%s  (CU_EVENT_RECORD_EXTERNAL) %s; `graph per call`: one graph per dispatch and per combine\n"
+               "%s  (the fallback where such a capture fails), the events between the graph launches.\n",
+            li, li,
+            b->o->inline_events ? "between the kernels (--inline-events)"
+                                : "on a side branch (each after the kernel before it; no kernel waits for one)",
+            li);
     fprintf(f, "%sours pair: one dispatch and its combine, the row's `calls` pairs back to back in one graph\n"
                "%s  with no event node between them (as an application's graph holds them), timed by events\n"
                "%s  around the graph launch: p50/p90 of the slowest rank's time / calls.\n", li, li, li);
@@ -1923,6 +1956,9 @@ static void make_streams(bench *b)
         CHECK(b, "set-up", symm_cuda_check(cu->cuEventCreate(&b->ev[i], CU_EVENT_DEFAULT), "cuEventCreate"));
     CHECK(b, "set-up", symm_cuda_check(cu->cuEventCreate(&b->fork, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
     CHECK(b, "set-up", symm_cuda_check(cu->cuEventCreate(&b->done, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+    CHECK(b, "set-up", symm_cuda_check(cu->cuStreamCreate(&b->side, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
+    CHECK(b, "set-up", symm_cuda_check(cu->cuEventCreate(&b->side_fork, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+    CHECK(b, "set-up", symm_cuda_check(cu->cuEventCreate(&b->side_join, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
     for (int p = 0; p < b->size; p++) {
         CHECK(b, "set-up", symm_cuda_check(cu->cuStreamCreate(&b->peer_streams[p], CU_STREAM_NON_BLOCKING),
                                            "cuStreamCreate"));
@@ -1944,6 +1980,9 @@ static void free_streams(bench *b)
         cu->cuEventDestroy(b->ev[i]);
     cu->cuEventDestroy(b->fork);
     cu->cuEventDestroy(b->done);
+    cu->cuEventDestroy(b->side_fork);
+    cu->cuEventDestroy(b->side_join);
+    cu->cuStreamDestroy(b->side);
     cu->cuStreamDestroy(b->stream);
     free(b->peer_streams);
     free(b->join);
