@@ -6,9 +6,10 @@
  *
  *   jit_bench FILE.cu [--arch sm_90a] [--iters N] [--evict] [--parts N] [-- NVRTC options...]
  *
- * --parts 2 compiles the file as the runtime compiles a variant: dispatch
- * and the rest as two programs at once (symm_jit_compile_parts); the times
- * are wall times of both, the cubin sizes part 1's.
+ * --parts 2 compiles the file as the runtime compiles a native variant:
+ * dispatch and combine as two programs at once (symm_jit_compile_parts; the
+ * NCCL backend adds its own kernels as a third); the times are wall times of
+ * all parts, the cubin sizes part 1's.
  *
  * The default arch is sm_90a (Hopper), GPU or not. With a GPU, CUDA is
  * initialised first (cuInit, the primary context of device 0), as the

@@ -56,8 +56,9 @@ struct symm_variant {
     symm_device *dev;
     symm_alloc *alloc;         /* the symmetric buffer (desc->symmetric_bytes) */
     CUdeviceptr scratch;       /* local scratch (desc->scratch_bytes) */
-    CUmodule module;           /* part 2: combine and the NCCL backend's kernels */
+    CUmodule module;           /* part 2: combine */
     CUmodule module_dispatch;  /* part 1: dispatch */
+    CUmodule module_nccl;      /* part 3: the NCCL backend's kernels (that backend only) */
     CUfunction fn_dispatch, fn_combine;             /* native backend */
     CUfunction fn_gather, fn_scatter, fn_reduce;    /* NCCL backend */
     unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */

@@ -88,8 +88,8 @@ if ! "$build/bin/symmgen" -q -o "$gen" "$spec" 2>&1 | tee -a "$log"; then
     exit 1
 fi
 
-# JIT of the full prefill variant as the runtime compiles it: two programs
-# at once, with the NVRTC options the runtime uses (SYMM_NVRTC_DEFAULT_OPTIONS);
+# JIT of the full prefill variant as the runtime compiles it (native
+# backend): dispatch and combine as two programs at once, with the NVRTC options the runtime uses (SYMM_NVRTC_DEFAULT_OPTIONS);
 # jit_bench uses temporary caches of its own.
 note "JIT: bench/jit_bench on $gen/bench_dsv3_prefill.cu" | tee -a "$log"
 "$build/bench/jit_bench" "$gen/bench_dsv3_prefill.cu" --iters 3 --parts 2 -- -std=c++17 -default-device \

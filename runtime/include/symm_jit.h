@@ -116,9 +116,9 @@ symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res);
 
 /* Compile parts 1..parts of one source at once, each with -DSYMM_PART=<i>
  * after req->options, through the cache like symm_jit_compile, part i + 1
- * into res[i]. The generated kernels are cut in two parts (dispatch;
- * combine and the NCCL backend's kernels), so a variant's cold compile takes
- * as long as its longer part instead of both. Parts 2.. run on threads of
+ * into res[i]. The generated kernels are cut in three parts (dispatch;
+ * combine; the NCCL backend's kernels, compiled for that backend only), so a
+ * variant's cold compile takes as long as its longest part instead of all. Parts 2.. run on threads of
  * their own. Fails, with the message of the first part that failed, when any
  * part does; every res[i] is initialised and must be released with
  * symm_jit_result_free either way. parts: 1..SYMM_JIT_MAX_PARTS. */

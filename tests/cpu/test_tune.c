@@ -249,35 +249,37 @@ Test(tune, the_template_refuses_out_of_range_knobs_itself, .init = gen_setup, .f
     free(src);
 }
 
-/* The runtime compiles a variant as two programs at once: part 1 holds
- * dispatch, part 2 combine and the NCCL backend's kernels; each compiles
- * without a warning. */
+/* The runtime compiles a variant as programs at once: part 1 holds
+ * dispatch, part 2 combine, part 3 the NCCL backend's kernels; each compiles
+ * without a warning and holds its kernels only. */
 static bool has_symbol(const symm_jit_result *r, const char *name)
 {
     return memmem(r->cubin, r->cubin_size, name, strlen(name) + 1) != NULL;
 }
 
-Test(tune, a_variant_compiles_as_two_parts_each_with_its_kernels, .init = gen_setup, .fini = gen_teardown,
+Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_setup, .fini = gen_teardown,
      .timeout = 600)
 {
     const char *names[] = {"bf16_rank_w2", "fp8_expert_a128_w2"};
-    const char *part1[] = {"symm_dispatch", "symm_dispatch_smem"};
-    const char *part2[] = {"symm_combine", "symm_combine_smem", "symm_reduce", "symm_gather_rows", "symm_scatter_rows"};
+    const char *kernels[3][3] = {{"symm_dispatch", "symm_dispatch_smem"},
+                                 {"symm_combine", "symm_combine_smem"},
+                                 {"symm_reduce", "symm_gather_rows", "symm_scatter_rows"}};
     for (size_t v = 0; v < 2; v++) {
         char *src = read_variant(names[v]);
         const char *options[] = {"-std=c++17", "-default-device"};
         symm_jit_request req = {.source = src, .source_name = names[v], .arch = "sm_90a", .options = options,
                                 .option_count = 2, .flags = SYMM_JIT_NO_CACHE};
-        symm_jit_result res[2];
-        cr_assert_eq(symm_jit_compile_parts(&req, 2, res), SYMM_OK, "%s: %s", names[v], symm_last_error());
-        for (int p = 0; p < 2; p++)
+        symm_jit_result res[3];
+        cr_assert_eq(symm_jit_compile_parts(&req, 3, res), SYMM_OK, "%s: %s", names[v], symm_last_error());
+        for (int p = 0; p < 3; p++)
             cr_assert_str_eq(res[p].log, "", "%s, part %d: NVRTC warns: %s", names[v], p + 1, res[p].log);
-        for (size_t k = 0; k < 2; k++)
-            cr_assert(has_symbol(&res[0], part1[k]) && !has_symbol(&res[1], part1[k]), "%s: %s", names[v], part1[k]);
-        for (size_t k = 0; k < 5; k++)
-            cr_assert(has_symbol(&res[1], part2[k]) && !has_symbol(&res[0], part2[k]), "%s: %s", names[v], part2[k]);
-        symm_jit_result_free(&res[0]);
-        symm_jit_result_free(&res[1]);
+        for (int owner = 0; owner < 3; owner++)
+            for (int k = 0; k < 3 && kernels[owner][k]; k++)
+                for (int p = 0; p < 3; p++)
+                    cr_assert_eq(has_symbol(&res[p], kernels[owner][k]), p == owner, "%s: %s in part %d: %s",
+                                 names[v], kernels[owner][k], p + 1, p == owner ? "missing" : "present");
+        for (int p = 0; p < 3; p++)
+            symm_jit_result_free(&res[p]);
         free(src);
     }
 }
