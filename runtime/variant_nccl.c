@@ -17,15 +17,12 @@
 
 #include "cuda_api.h"
 #include "nccl_api.h"
+#include "nccl_plan.h"
 #include "heap_internal.h"
 #include "symm_nccl.h"
 #include "variant_internal.h"
 
-typedef struct chunk {
-    int peer;    /* destination (sending) or source (receiving) rank */
-    int64_t row; /* first row: in the packed send buffer, or in recv_x */
-    int64_t n;   /* rows */
-} chunk;
+typedef symm_nccl_chunk chunk;
 
 struct symm_variant_nccl {
     symm_nccl *comm;
@@ -50,10 +47,10 @@ struct symm_variant_nccl {
     /* device */
     CUdeviceptr d_counts, d_send_index, d_stage_index, d_send_x, d_send_scales, d_send_src, d_send_topk,
         d_send_weights, d_stage;
-    /* the last dispatch */
+    /* the routing of the last dispatch (its arrays are the pinned ones above) */
+    symm_nccl_plan plan;
     chunk *send_chunks, *recv_chunks;
-    int n_send, n_recv;
-    int64_t packed;      /* rows packed for sending */
+    int64_t *base;       /* [2 * bins]: the plan's scratch */
     uint64_t calls;
 };
 
@@ -95,7 +92,8 @@ static symm_status nccl_buffers(symm_variant *v)
     n->max_send = (int64_t)T * n->max_dests;
     n->send_chunks = calloc((size_t)W * (expert ? L : 1), sizeof(chunk));
     n->recv_chunks = calloc((size_t)W * (expert ? L : 1), sizeof(chunk));
-    if (!n->send_chunks || !n->recv_chunks)
+    n->base = calloc((size_t)2 * n->bins, sizeof *n->base);
+    if (!n->send_chunks || !n->recv_chunks || !n->base)
         return symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
     const size_t S = (size_t)n->max_send, row = H * symm_dtype_size(d->dtype);
     const size_t crow = H * symm_dtype_size(d->combine_dtype), sc = H / SYMM_FP8_BLOCK * 4;
@@ -121,6 +119,15 @@ static symm_status nccl_buffers(symm_variant *v)
     SYMM_TRY(dev_alloc(cu, &n->d_send_topk, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_send_weights, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_stage, S * crow));
+    n->plan = (symm_nccl_plan){
+        .world = W, .rank = v->rank, .topk = K, .experts = d->experts, .max_tokens = d->max_tokens,
+        .align = d->align, .expert_layout = expert, .weights = d->weights != 0, .capacity = d->capacity,
+        .bins = n->bins, .topk_idx = n->h_topk, .topk_weights = n->h_weights, .counts = n->h_counts,
+        .route = n->h_route, .token_weights = n->h_token_weights, .send_index = n->h_send_index,
+        .stage_index = n->h_stage_index, .send_src = n->h_send_src, .send_topk = n->h_send_topk,
+        .send_weights = n->h_send_weights, .expert = n->h_expert, .base = n->base,
+        .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks,
+    };
     return SYMM_OK;
 }
 
@@ -147,6 +154,7 @@ void symm_variant_nccl_release(symm_variant *v)
         symm_nccl_destroy(n->comm);
     free(n->send_chunks);
     free(n->recv_chunks);
+    free(n->base);
     free(n);
     v->nccl = NULL;
 }
@@ -163,195 +171,6 @@ symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream str
                          "counts on the host); use the native backend in graphs",
                          v->desc->name, op);
     return SYMM_OK;
-}
-
-/* The routing of this rank's tokens, as the native layout kernel computes it:
- * validity of every entry, the count row, each (token, bin)'s index among
- * this rank's rows for the bin (in h_route, -1 where none). */
-static int count_and_route(const symm_variant *v, int T)
-{
-    const symm_variant_desc *d = v->desc;
-    struct symm_variant_nccl *n = v->nccl;
-    const int W = d->world, K = d->topk, E = d->experts, L = E / W;
-    const int expert = d->layout == SYMM_LAYOUT_EXPERT;
-    int32_t *row = n->h_counts + (size_t)v->rank * n->bins;
-    memset(row, 0, (size_t)n->bins * 4);
-    int invalid = 0;
-    for (int t = 0; t < T; t++) {
-        const int32_t *ids = n->h_topk + (size_t)t * K;
-        int32_t *route = n->h_route + (size_t)t * (expert ? K : W);
-        for (int i = 0; i < (expert ? K : W); i++)
-            route[i] = -1;
-        for (int k = 0; k < K; k++) {
-            const int e = ids[k];
-            int valid = e >= 0 && e < E;
-            for (int j = 0; j < k && valid; j++)
-                valid = ids[j] != e;
-            if (!valid) {
-                invalid += e != -1;
-                if (expert)
-                    n->h_token_weights[(size_t)t * K + k] = 0.0f;
-                continue;
-            }
-            if (expert) {
-                route[k] = row[e]++;
-                n->h_token_weights[(size_t)t * K + k] = d->weights ? n->h_weights[(size_t)t * K + k] : 0.0f;
-            } else if (route[e / L] < 0) {
-                route[e / L] = row[e / L]++;
-            }
-        }
-    }
-    return invalid;
-}
-
-/* base[b]: where this rank's rows for bin b start at the bin's rank (like
- * compute_bases in the template); also what this rank receives. */
-static void bases(const symm_variant *v, int64_t *base, device_state *st)
-{
-    const symm_variant_desc *d = v->desc;
-    struct symm_variant_nccl *n = v->nccl;
-    const int W = d->world, L = d->experts / d->world, me = v->rank;
-    const int64_t cap = d->capacity;
-    for (int b = 0; b < n->bins; b++) {
-        int64_t total = 0, earlier = 0;
-        for (int s = 0; s < W; s++) {
-            total += n->h_counts[(size_t)s * n->bins + b];
-            if (s < me)
-                earlier += n->h_counts[(size_t)s * n->bins + b];
-        }
-        base[b] = total;
-        base[n->bins + b] = earlier;
-    }
-    if (d->layout == SYMM_LAYOUT_EXPERT) {
-        int64_t dropped = 0;
-        for (int p = 0; p < W; p++) {
-            int64_t offset = 0;
-            for (int j = 0; j < L; j++) {
-                const int64_t total = base[p * L + j];
-                if (p == me) {
-                    const int64_t fit = cap - offset;
-                    n->h_expert[j] = (int32_t)(fit < 0 ? 0 : fit < total ? fit : total);
-                    n->h_expert[L + j] = (int32_t)(offset < cap ? offset : cap);
-                    dropped += total - n->h_expert[j];
-                    if (j == L - 1)
-                        st->recv_rows = (int32_t)(offset + total < cap ? offset + total : cap);
-                }
-                base[p * L + j] = offset;
-                offset = (offset + total + d->align - 1) / d->align * d->align;
-            }
-        }
-        st->dropped_recv = (int32_t)dropped;
-    } else {
-        const int64_t total = base[me];
-        st->recv_rows = (int32_t)(total < cap ? total : cap);
-        st->dropped_recv = (int32_t)(total < cap ? 0 : total - cap);
-        for (int p = 0; p < W; p++)
-            base[p] = 0;
-    }
-    for (int b = 0; b < n->bins; b++)
-        base[b] += base[n->bins + b];
-}
-
-/* Pack this rank's kept rows per chunk (destination order), fill the send
- * metadata, the COMBINE_IN slot of each packed row and the final route. */
-static void pack(symm_variant *v, int T, const int64_t *base, device_state *st)
-{
-    const symm_variant_desc *d = v->desc;
-    struct symm_variant_nccl *n = v->nccl;
-    const int W = d->world, K = d->topk, L = d->experts / d->world, me = v->rank;
-    const int expert = d->layout == SYMM_LAYOUT_EXPERT;
-    int64_t packed = 0;
-    int dropped = 0;
-    n->n_send = 0;
-    for (int c = 0; c < (expert ? W * L : W); c++) {
-        const int p = expert ? c / L : c;
-        const int64_t first = packed;
-        for (int t = 0; t < T; t++) {
-            const int32_t *ids = n->h_topk + (size_t)t * K;
-            int32_t *route = n->h_route + (size_t)t * (expert ? K : W);
-            int slot = -1;
-            if (expert) {
-                for (int k = 0; k < K; k++)
-                    if (route[k] >= 0 && ids[k] == c)
-                        slot = k;
-            } else if (route[p] >= 0) {
-                slot = p;
-            }
-            if (slot < 0)
-                continue;
-            const int64_t dest_row = base[c] + route[slot];
-            if (dest_row >= d->capacity) {
-                route[slot] = -1;
-                dropped++;
-                continue;
-            }
-            route[slot] = (int32_t)dest_row;
-            n->h_send_index[packed] = t;
-            n->h_stage_index[packed] = expert ? t * K + slot : p * d->max_tokens + t;
-            int32_t *src = n->h_send_src + packed * 4;
-            src[0] = me, src[1] = t, src[2] = expert ? slot : -1, src[3] = 0;
-            if (expert) {
-                if (d->weights)
-                    n->h_send_weights[packed] = n->h_weights[(size_t)t * K + slot];
-            } else {
-                for (int k = 0; k < K; k++) {
-                    const int e = ids[k];
-                    int local = e >= 0 && e < d->experts && e / L == p;
-                    for (int j = 0; j < k && local; j++)
-                        local = ids[j] != e;
-                    n->h_send_topk[packed * K + k] = local ? e - p * L : -1;
-                    if (d->weights)
-                        n->h_send_weights[packed * K + k] = local ? n->h_weights[(size_t)t * K + k] : 0.0f;
-                }
-            }
-            packed++;
-        }
-        if (packed > first)
-            n->send_chunks[n->n_send++] = (chunk){p, first, packed - first};
-    }
-    n->packed = packed;
-    st->dropped_send = dropped;
-}
-
-/* What this rank receives, chunk by chunk, in the order the senders pack. */
-static void plan_receives(symm_variant *v)
-{
-    const symm_variant_desc *d = v->desc;
-    struct symm_variant_nccl *n = v->nccl;
-    const int W = d->world, L = d->experts / d->world, me = v->rank;
-    const int64_t cap = d->capacity;
-    n->n_recv = 0;
-    if (d->layout == SYMM_LAYOUT_RANK) {
-        int64_t start = 0;
-        for (int s = 0; s < W; s++) {
-            const int64_t cnt = n->h_counts[(size_t)s * n->bins + me];
-            const int64_t keep = start >= cap ? 0 : (start + cnt <= cap ? cnt : cap - start);
-            if (keep > 0)
-                n->recv_chunks[n->n_recv++] = (chunk){s, start, keep};
-            start += cnt;
-        }
-        return;
-    }
-    /* The senders' chunks go (rank p, expert j) ascending, so from each sender
-     * the chunks of this rank come in ascending j. Segment starts unclamped. */
-    int64_t offset = 0;
-    for (int j = 0; j < L; j++) {
-        int64_t total = 0, earlier = 0;
-        for (int s = 0; s < W; s++)
-            total += n->h_counts[(size_t)s * n->bins + me * L + j];
-        for (int s = 0; s < W; s++) {
-            const int64_t cnt = n->h_counts[(size_t)s * n->bins + me * L + j];
-            const int64_t start = offset + earlier;
-            const int64_t keep = start >= cap ? 0 : (start + cnt <= cap ? cnt : cap - start);
-            /* Placed by sender below; ordered after the loop. */
-            n->recv_chunks[(size_t)s * L + j] = (chunk){keep > 0 ? s : -1, start, keep};
-            earlier += cnt;
-        }
-        offset = (offset + total + d->align - 1) / d->align * d->align;
-    }
-    for (int i = 0; i < W * L; i++)
-        if (n->recv_chunks[i].peer >= 0)
-            n->recv_chunks[n->n_recv++] = n->recv_chunks[i];
 }
 
 static symm_status launch_move(const symm_variant *v, CUfunction fn, CUdeviceptr src, CUdeviceptr index,
@@ -387,7 +206,7 @@ static symm_status exchange_rows(symm_variant *v, CUstream stream)
     SYMM_TRY(symm_variant_recv(v, &recv));
     const symm_recv_buffers *rb = &recv;
     SYMM_NCCL(nc, comm, ncclGroupStart());
-    for (int i = 0; i < n->n_send; i++) {
+    for (int i = 0; i < n->plan.n_send; i++) {
         const chunk c = n->send_chunks[i];
         SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
         SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
@@ -398,7 +217,7 @@ static symm_status exchange_rows(symm_variant *v, CUstream stream)
         if (d->weights)
             SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
     }
-    for (int i = 0; i < n->n_recv; i++) {
+    for (int i = 0; i < n->plan.n_recv; i++) {
         const chunk c = n->recv_chunks[i];
         SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
         SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
@@ -441,7 +260,8 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
             SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_weights, (CUdeviceptr)a->topk_weights, (size_t)T * K * 4, stream));
         SYMM_CU(cu, cuStreamSynchronize(stream));
     }
-    st->invalid = count_and_route(v, (int)T);
+    symm_nccl_plan *plan = &n->plan;
+    st->invalid = symm_nccl_plan_count(plan, (int)T);
 
     /* Count rows of every rank. */
     const size_t row_bytes = (size_t)n->bins * 4;
@@ -452,16 +272,13 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_counts, n->d_counts, (size_t)W * row_bytes, stream));
     SYMM_CU(cu, cuStreamSynchronize(stream));
 
-    int64_t *base = malloc(sizeof(int64_t) * 2 * (size_t)n->bins);
-    if (!base)
-        return symm_fail(SYMM_ERR_NOMEM, "%s dispatch: out of host memory", d->name);
-    bases(v, base, st);
-    pack(v, (int)T, base, st);
-    free(base);
-    plan_receives(v);
+    symm_nccl_plan_rows(plan, (int)T);
+    st->recv_rows = plan->recv_rows;
+    st->dropped_recv = plan->dropped_recv;
+    st->dropped_send = plan->dropped_send;
 
     /* Pack on the GPU; metadata, route and weights from the host. */
-    const int64_t P = n->packed;
+    const int64_t P = plan->packed;
     const size_t xrow = (size_t)d->hidden * symm_dtype_size(d->dtype);
     const size_t wrow = expert ? 4 : (size_t)K * 4;
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_index, n->h_send_index, (size_t)P * 4, stream));
@@ -528,16 +345,16 @@ symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out,
     /* Each received chunk goes back as one run of y; what comes back lands
      * in packed order in the stage. */
     SYMM_NCCL(nc, comm, ncclGroupStart());
-    for (int i = 0; i < n->n_recv; i++) {
+    for (int i = 0; i < n->plan.n_recv; i++) {
         const chunk c = n->recv_chunks[i];
         SYMM_NCCL(nc, comm, ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
     }
-    for (int i = 0; i < n->n_send; i++) {
+    for (int i = 0; i < n->plan.n_send; i++) {
         const chunk c = n->send_chunks[i];
         SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     SYMM_NCCL(nc, comm, ncclGroupEnd());
     CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
-    SYMM_TRY(launch_move(v, v->fn_scatter, n->d_stage, n->d_stage_index, combine_in, n->packed, (int64_t)crow, stream));
+    SYMM_TRY(launch_move(v, v->fn_scatter, n->d_stage, n->d_stage_index, combine_in, n->plan.packed, (int64_t)crow, stream));
     return symm_variant_launch_reduce(v, out, stream);
 }

@@ -1,0 +1,256 @@
+/* test_nccl_plan.c: the NCCL backend's host routing (runtime/nccl_plan.c),
+ * checked against the CPU reference model for whole worlds, without a GPU.
+ *
+ * Every rank plans as runtime/variant_nccl.c does (count, all-gather of the
+ * count rows, rows); the exchange is simulated as NCCL would carry it: each
+ * receiver takes its chunks from a sender in order, and each must have
+ * exactly the size of that sender's next chunk for it (NCCL send and receive
+ * sizes must match). What lands (source rank, token, k; local top-k ids;
+ * weights), the row counts, drops, invalid ids, expert counts and offsets,
+ * and the route combine reads must equal symm_ref_dispatch's, for random
+ * configs, routings with masked, invalid and repeated ids, token counts from
+ * 0 to max_tokens, and capacities below the worst case. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "moe_inputs.h"
+#include "nccl_plan.h"
+#include "symm_ref.h"
+
+#define MAX_W 8
+
+typedef struct rank_plan {
+    symm_nccl_plan p;
+    int32_t *topk;
+    float *weights;
+    int tokens;
+    int invalid;
+} rank_plan;
+
+static void *zalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    cr_assert(p, "out of memory");
+    return p;
+}
+
+static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t cap, int32_t *counts)
+{
+    const int W = c->world, K = c->topk, L = c->experts / W, T = c->max_tokens;
+    const bool expert = c->layout == SYMM_LAYOUT_EXPERT;
+    const int bins = expert ? c->experts : W;
+    const size_t M = (size_t)T * (size_t)(expert ? K : (K < W ? K : W));
+    const size_t chunks = (size_t)W * (expert ? L : 1);
+    r->topk = zalloc((size_t)T * K * 4);
+    r->weights = zalloc((size_t)T * K * 4);
+    r->p = (symm_nccl_plan){
+        .world = W, .rank = rank, .topk = K, .experts = c->experts, .max_tokens = T, .align = c->align,
+        .expert_layout = expert, .weights = c->weights != 0, .capacity = cap, .bins = bins,
+        .topk_idx = r->topk, .topk_weights = r->weights, .counts = counts,
+        .route = zalloc((size_t)T * (expert ? K : W) * 4), .token_weights = zalloc((size_t)T * K * 4),
+        .send_index = zalloc(M * 4), .stage_index = zalloc(M * 4), .send_src = zalloc(M * 16),
+        .send_topk = zalloc(M * K * 4), .send_weights = zalloc(M * K * 4), .expert = zalloc((size_t)2 * L * 4),
+        .base = zalloc((size_t)2 * bins * 8), .send_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
+        .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
+    };
+}
+
+static void plan_free(rank_plan *r)
+{
+    void *bufs[] = {r->topk, r->weights, r->p.route, r->p.token_weights, r->p.send_index, r->p.stage_index,
+                    r->p.send_src, r->p.send_topk, r->p.send_weights, r->p.expert, r->p.base, r->p.send_chunks,
+                    r->p.recv_chunks};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+}
+
+/* A random top-k row: distinct experts, some masked (-1), some invalid (out
+ * of range or a repeat of an earlier entry), or a hot expert range. */
+static void random_row(moe_rng *g, const symm_ref_config *c, int32_t *row, int mode)
+{
+    const int K = c->topk, E = c->experts;
+    const int range = mode == 1 ? (K > 3 ? K : 3 < E ? 3 : E) : E; /* >= K: distinct ids exist */
+    for (int k = 0; k < K; k++) {
+        int e;
+        do
+            e = moe_rng_int(g, range);
+        while (moe_row_has(row, k, e));
+        row[k] = e;
+        const int u = moe_rng_int(g, 20);
+        if (mode == 2 && u < 3)
+            row[k] = -1;
+        else if (mode == 2 && u == 3)
+            row[k] = moe_rng_int(g, 2) ? E + moe_rng_int(g, 5) : -2 - moe_rng_int(g, 5);
+        else if (mode == 2 && u == 4 && k > 0)
+            row[k] = row[moe_rng_int(g, k)];
+    }
+}
+
+static void one_world(uint64_t seed)
+{
+    moe_rng g = moe_rng_for(seed, 1, 2);
+    symm_ref_config c = {0};
+    c.world = 2 + moe_rng_int(&g, MAX_W - 1);
+    c.experts = c.world * (1 + moe_rng_int(&g, 6));
+    c.topk = 1 + moe_rng_int(&g, c.experts < 16 ? c.experts : 16);
+    c.max_tokens = 1 + moe_rng_int(&g, 48);
+    c.hidden = 8;
+    c.dtype = SYMM_DTYPE_BF16;
+    c.combine_dtype = SYMM_DTYPE_BF16;
+    c.layout = moe_rng_int(&g, 2) ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK;
+    c.weights = moe_rng_int(&g, 2);
+    c.align = c.layout == SYMM_LAYOUT_EXPERT ? 1 + moe_rng_int(&g, 8) : 1;
+    const int64_t worst = symm_ref_worst_capacity(&c);
+    c.capacity = moe_rng_int(&g, 2) ? 0 : 1 + moe_rng_int(&g, (int)worst);
+    cr_assert_eq(symm_ref_check_config(&c), SYMM_OK, "seed %llu: %s", (unsigned long long)seed, symm_last_error());
+    const int64_t cap = symm_ref_capacity(&c);
+    const int W = c.world, K = c.topk, L = c.experts / W;
+    const bool expert = c.layout == SYMM_LAYOUT_EXPERT;
+    const int bins = expert ? c.experts : W;
+    const int mode = moe_rng_int(&g, 3);
+
+    /* Inputs, and every rank's count row. */
+    int32_t *counts = zalloc((size_t)W * bins * 4);
+    rank_plan r[MAX_W];
+    symm_ref_input in[MAX_W];
+    void *x = zalloc((size_t)c.max_tokens * c.hidden * 2);
+    for (int s = 0; s < W; s++) {
+        plan_alloc(&r[s], &c, s, cap, counts);
+        const int pick = moe_rng_int(&g, 4);
+        r[s].tokens = pick == 0 ? 0 : pick == 1 ? c.max_tokens : moe_rng_int(&g, c.max_tokens + 1);
+        for (int t = 0; t < r[s].tokens; t++)
+            random_row(&g, &c, r[s].topk + (size_t)t * K, mode);
+        moe_random_floats(&g, r[s].weights, (size_t)r[s].tokens * K, 0.0);
+        in[s] = (symm_ref_input){.tokens = r[s].tokens, .x = x, .topk_idx = r[s].topk,
+                                 .topk_weights = c.weights ? r[s].weights : NULL};
+        r[s].invalid = symm_nccl_plan_count(&r[s].p, r[s].tokens);
+    }
+    /* The all-gather gave every rank the same matrix: each plans its rows. */
+    for (int s = 0; s < W; s++)
+        symm_nccl_plan_rows(&r[s].p, r[s].tokens);
+
+    symm_ref_recv ref[MAX_W];
+    symm_ref_send_stats stats[MAX_W];
+    for (int p = 0; p < W; p++)
+        cr_assert_eq(symm_ref_recv_alloc(&c, &ref[p]), SYMM_OK);
+    symm_status st = symm_ref_dispatch(&c, in, ref, stats);
+    cr_assert(st == SYMM_OK || st == SYMM_ERR_OVERFLOW, "seed %llu: %s", (unsigned long long)seed,
+              symm_last_error());
+
+    for (int s = 0; s < W; s++) {
+        cr_assert_eq(r[s].invalid, stats[s].invalid, "seed %llu rank %d: invalid %d, reference %lld",
+                     (unsigned long long)seed, s, r[s].invalid, (long long)stats[s].invalid);
+        cr_assert_eq(r[s].p.dropped_send, stats[s].dropped, "seed %llu rank %d: dropped_send %d, reference %lld",
+                     (unsigned long long)seed, s, r[s].p.dropped_send, (long long)stats[s].dropped);
+    }
+
+    /* The exchange: receiver p takes from sender s its chunks in order. */
+    int next_send[MAX_W][MAX_W] = {{0}}; /* [s][p]: index into s's send chunks */
+    for (int p = 0; p < W; p++) {
+        const symm_nccl_plan *rp = &r[p].p;
+        const symm_ref_recv *rf = &ref[p];
+        cr_assert_eq(rp->recv_rows, rf->rows, "seed %llu rank %d: recv_rows %d, reference %lld",
+                     (unsigned long long)seed, p, rp->recv_rows, (long long)rf->rows);
+        cr_assert_eq(rp->dropped_recv, rf->dropped, "seed %llu rank %d: dropped_recv", (unsigned long long)seed, p);
+        int64_t landed = 0;
+        int32_t *hist = zalloc((size_t)L * 4);
+        for (int i = 0; i < rp->n_recv; i++) {
+            const symm_nccl_chunk rc = rp->recv_chunks[i];
+            const symm_nccl_plan *sp = &r[rc.peer].p;
+            int *k = &next_send[rc.peer][p];
+            while (*k < sp->n_send && sp->send_chunks[*k].peer != p)
+                (*k)++;
+            cr_assert(*k < sp->n_send, "seed %llu: rank %d expects a chunk from %d that it never sends",
+                      (unsigned long long)seed, p, rc.peer);
+            const symm_nccl_chunk sc = sp->send_chunks[(*k)++];
+            cr_assert_eq(sc.n, rc.n, "seed %llu: %d sends %lld rows to %d, which receives %lld",
+                         (unsigned long long)seed, rc.peer, (long long)sc.n, p, (long long)rc.n);
+            cr_assert(rc.row >= 0 && rc.row + rc.n <= cap, "seed %llu: chunk past the capacity",
+                      (unsigned long long)seed);
+            for (int64_t j = 0; j < rc.n; j++) {
+                const int64_t row = rc.row + j, from = sc.row + j;
+                cr_assert_arr_eq(sp->send_src + from * 4, rf->src + row * 4, 16,
+                                 "seed %llu: rank %d row %lld: src {%d, %d, %d} against the reference's {%d, %d, %d}",
+                                 (unsigned long long)seed, p, (long long)row, sp->send_src[from * 4],
+                                 sp->send_src[from * 4 + 1], sp->send_src[from * 4 + 2], rf->src[row * 4],
+                                 rf->src[row * 4 + 1], rf->src[row * 4 + 2]);
+                const int t = sp->send_src[from * 4 + 1];
+                cr_assert_eq(sp->send_index[from], t, "seed %llu: send_index", (unsigned long long)seed);
+                if (!expert) {
+                    cr_assert_arr_eq(sp->send_topk + from * K, rf->topk_idx + row * K, (size_t)K * 4,
+                                     "seed %llu: rank %d row %lld: local top-k ids", (unsigned long long)seed, p,
+                                     (long long)row);
+                    for (int e = 0; e < K; e++)
+                        if (sp->send_topk[from * K + e] >= 0)
+                            hist[sp->send_topk[from * K + e]]++;
+                    if (c.weights)
+                        cr_assert_arr_eq(sp->send_weights + from * K, rf->weights + row * K, (size_t)K * 4,
+                                         "seed %llu: rank %d row %lld: weights", (unsigned long long)seed, p,
+                                         (long long)row);
+                    cr_assert_eq(sp->route[(size_t)t * W + p], row, "seed %llu: route of %d's token %d to %d",
+                                 (unsigned long long)seed, rc.peer, t, p);
+                    cr_assert_eq(sp->stage_index[from], p * c.max_tokens + t, "seed %llu: stage", (unsigned long long)seed);
+                } else {
+                    const int kk = sp->send_src[from * 4 + 2];
+                    if (c.weights)
+                        cr_assert_eq(sp->send_weights[from], rf->weights[row], "seed %llu: rank %d row %lld: weight",
+                                     (unsigned long long)seed, p, (long long)row);
+                    cr_assert_eq(sp->route[(size_t)t * K + kk], row, "seed %llu: route of %d's (%d, %d)",
+                                 (unsigned long long)seed, rc.peer, t, kk);
+                    cr_assert_eq(sp->stage_index[from], t * K + kk, "seed %llu: stage", (unsigned long long)seed);
+                }
+            }
+            landed += rc.n;
+        }
+        /* Every row the reference wrote arrived (layout expert: its segments). */
+        int64_t kept = 0;
+        if (expert) {
+            for (int j = 0; j < L; j++) {
+                kept += rf->expert_count[j];
+                cr_assert_eq(rp->expert[j], rf->expert_count[j], "seed %llu: rank %d expert %d count",
+                             (unsigned long long)seed, p, j);
+                cr_assert_eq(rp->expert[L + j], rf->expert_offset[j], "seed %llu: rank %d expert %d offset",
+                             (unsigned long long)seed, p, j);
+            }
+        } else {
+            kept = rf->rows;
+            /* The backend counts the experts from the received ids. */
+            cr_assert_arr_eq(hist, rf->expert_count, (size_t)L * 4, "seed %llu: rank %d expert counts",
+                             (unsigned long long)seed, p);
+        }
+        cr_assert_eq(landed, kept, "seed %llu: rank %d: %lld rows landed, the reference kept %lld",
+                     (unsigned long long)seed, p, (long long)landed, (long long)kept);
+        free(hist);
+    }
+    /* Nothing sent that nobody receives; every route entry is a landed row. */
+    for (int s = 0; s < W; s++) {
+        int64_t routed = 0;
+        const int per = expert ? K : W;
+        for (int i = 0; i < r[s].tokens * per; i++)
+            routed += r[s].p.route[i] >= 0;
+        cr_assert_eq(routed, r[s].p.packed, "seed %llu: rank %d routes %lld rows, packs %lld",
+                     (unsigned long long)seed, s, (long long)routed, (long long)r[s].p.packed);
+        for (int p = 0; p < W; p++) {
+            for (int i = next_send[s][p]; i < r[s].p.n_send; i++)
+                cr_assert_neq(r[s].p.send_chunks[i].peer, p, "seed %llu: %d sends a chunk to %d that it never receives",
+                              (unsigned long long)seed, s, p);
+        }
+    }
+    for (int p = 0; p < W; p++)
+        symm_ref_recv_free(&ref[p]);
+    for (int s = 0; s < W; s++)
+        plan_free(&r[s]);
+    free(counts);
+    free(x);
+}
+
+Test(nccl_plan, rows_chunks_and_counts_match_the_reference_for_random_worlds, .timeout = 120)
+{
+    const uint64_t base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 16;
+    for (uint64_t i = 0; i < 400; i++)
+        one_world(base + i);
+}
