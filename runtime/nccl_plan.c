@@ -119,6 +119,11 @@ static void pack(symm_nccl_plan *p, int T)
     for (int t = 0; t < T; t++) {
         const int32_t *ids = p->topk_idx + (size_t)t * K;
         int32_t *route = p->route + (size_t)t * (expert ? K : W);
+        /* Layout rank: each entry's rank, or -1 where it is not valid (topk <= 16). */
+        int owner[32];
+        if (!expert)
+            for (int k = 0; k < K; k++)
+                owner[k] = valid_entry(ids, k, p->experts) ? ids[k] / L : -1;
         for (int slot = 0; slot < (expert ? K : W); slot++) {
             if (route[slot] < 0)
                 continue;
@@ -139,9 +144,8 @@ static void pack(symm_nccl_plan *p, int T)
                     p->send_weights[at] = p->topk_weights[(size_t)t * K + slot];
             } else {
                 for (int k = 0; k < K; k++) {
-                    const int e = ids[k];
-                    const bool local = valid_entry(ids, k, p->experts) && e / L == slot;
-                    p->send_topk[at * K + k] = local ? e - slot * L : -1;
+                    const bool local = owner[k] == slot;
+                    p->send_topk[at * K + k] = local ? ids[k] - slot * L : -1;
                     if (p->weights)
                         p->send_weights[at * K + k] = local ? p->topk_weights[(size_t)t * K + k] : 0.0f;
                 }
