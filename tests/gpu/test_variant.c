@@ -1064,6 +1064,38 @@ Test(variant, nccl_backend_refuses_stream_capture_saying_why)
     vt_end(&t);
 }
 
+/* Ranks that share a GPU cannot have the NCCL backend, and are told so. The
+ * refusal comes after the variant's kernels (the NCCL backend's own among
+ * them, a third JIT part) were compiled and loaded and its host routing set
+ * up, so on one GPU this runs that much of the backend; everything is
+ * released, and the same world still makes a native variant that works. */
+Test(variant, nccl_backend_on_a_shared_gpu_is_refused_after_its_kernels_load)
+{
+    vt t;
+    vt_setup(&t, "nccl-shared", ANY, 0);
+    if (symm_device_gpu_count(t.c.dev) >= t.c.ranks) {
+        printf("skipped: every rank has its own GPU (run with more ranks than GPUs)\n");
+        fflush(stdout);
+        vt_finish(&t);
+        cr_skip_test("every rank has its own GPU");
+    }
+    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
+    symm_variant *v = NULL;
+    symm_status st = symm_variant_open(t.c.world, t.manifest, t.name, &o, &v);
+    cr_assert(st == SYMM_ERR_UNSUPPORTED && v == NULL,
+              "rank %d: NCCL backend with %d ranks on %d GPUs: %s (%s), expected SYMM_ERR_UNSUPPORTED and no variant",
+              t.c.rank, t.c.ranks, symm_device_gpu_count(t.c.dev), symm_status_name(st), symm_last_error());
+    cr_assert(strstr(symm_last_error(), "NCCL needs one GPU per rank") && strstr(symm_last_error(), t.name),
+              "rank %d: the message should name the variant and say why: %s", t.c.rank, symm_last_error());
+    symm_variant_options n = native_options();
+    vt_open(&t, &n);
+    gpu_case c;
+    gpu_case_start(&t, &c, false);
+    gpu_case_call(&t, &c, 1, false);
+    gpu_case_free(&c);
+    vt_end(&t);
+}
+
 Test(variant, unknown_symm_backend_is_refused_listing_the_accepted_values)
 {
     vt t;
