@@ -347,6 +347,10 @@ static symm_status launch(const symm_variant *v, CUfunction fn, unsigned blocks,
                                    .blockDimX = threads, .blockDimY = 1, .blockDimZ = 1,
                                    .sharedMemBytes = smem, .hStream = stream,
                                    .attrs = &attr, .numAttrs = 1};
+    /* On the default streams (legacy or per-thread) the launches stay
+     * ordinary ones: PDL is for streams an application made (and the graphs
+     * captured from them). */
+    pdl = pdl && stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
     symm_status st = symm_cuda_check(pdl ? cu->cuLaunchKernelEx(&config, fn, params, NULL)
                                          : cu->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, smem, stream, params,
                                                               NULL),

@@ -1287,6 +1287,28 @@ Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
 /* Dispatch and combine alternate: a second dispatch before the combine, or a
  * combine with no dispatch, is refused on the host (nothing queued), and the
  * variant stays in step for the right call. */
+/* The default streams (the legacy one and the per-thread one) take the calls
+ * too, with ordinary launches (PDL is for streams the application made): the
+ * same exact results, in step with the calls on t's own stream. */
+Test(variant, calls_on_the_default_streams_are_exact)
+{
+    vt t;
+    vt_start(&t, "default-streams", ANY);
+    CUstream streams[] = {NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, t.stream};
+    for (uint64_t i = 0; i < 4; i++) {
+        vt u = t;
+        u.stream = streams[i];
+        int tokens[MAX_W];
+        random_tokens(&u, tokens, 300 + i);
+        gpu_case c;
+        gpu_case_upload(&u, &c, moe_rng_for(t.seed, 9, i).s, t.seed ^ (i << 12), tokens, false);
+        gpu_case_poison(&u, &c);
+        gpu_case_call(&u, &c, i + 1, false);
+        gpu_case_free(&c);
+    }
+    vt_end(&t);
+}
+
 Test(variant, dispatch_and_combine_must_alternate)
 {
     vt t;
