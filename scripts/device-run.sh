@@ -3,11 +3,14 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, nccl, world4, world8, sanitize, bench, profile, tune, proxy,
-#        rtbench (profile and tune: on 2 GPUs; tune times the defaults beside
-#        the knobs of bench/NOTES.md entries 7-13 and 24 set the other way; proxy:
-#        on one GPU, both ranks at once under CUDA MPS, moe_bench
-#        --shared-gpu, groups PROXY_GROUPS (a,b,f), then a profile of a,b)
+#        check, nccl, world4, world8, sanitize, bench, profile, inline, tune,
+#        proxy, rtbench (profile, inline and tune: on 2 GPUs; inline times
+#        rows a, b and f with the timing events between the kernels, as the
+#        2-GPU entries of bench/RESULTS.md before 2026-11-25 were; tune
+#        times the defaults beside the knobs of bench/NOTES.md entries 7-13
+#        and 24 set the other way; proxy: on one GPU, both ranks at once
+#        under CUDA MPS, moe_bench --shared-gpu, groups PROXY_GROUPS (a,b,f),
+#        then a profile of a,b)
 set -uo pipefail
 build=$1; shift
 # Logs go to one archive under $OUT (the device tool brings back few files).
@@ -62,6 +65,8 @@ for s in "$@"; do
     bench) step bench 420 env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
     profile) step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
+    inline) step inline 200 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
+            --manifest out/bench/manifest.json --groups a,b,f --no-nccl --inline-events ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
             default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=0 SUM_UNROLL=8 PUSH_BATCH=2 \
             LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1 PDL=0
@@ -80,7 +85,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, tune, proxy)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, proxy)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
