@@ -10,7 +10,19 @@
  * combine before the next dispatch (SYMM_ERR_STATE otherwise; in a CUDA graph
  * the captured sequence must alternate the same way). Dispatch and combine never allocate, compile or wait on the
  * host (native backend), so both can be captured in a CUDA graph. Results of a
- * dispatch stay valid until the next dispatch on the same variant. */
+ * dispatch stay valid until the next dispatch on the same variant.
+ *
+ * On a stream the application made (not the legacy or per-thread default
+ * stream), the native dispatch and combine launch as programmatic dependents
+ * of the kernel before them (tuning knob PDL, on by default; README
+ * "Tuning"): their blocks may be scheduled while that kernel ends and wait
+ * for it to complete before they touch memory, so nothing changes for the
+ * kernels before them. Dispatch also lets the kernel after it start early,
+ * once its counts are exchanged: a kernel launched after dispatch with the
+ * programmatic-serialization attribute itself must wait
+ * (cudaGridDependencySynchronize or griddepcontrol.wait) before it reads
+ * dispatch's outputs, as PDL requires of any dependent; an ordinary launch
+ * needs nothing. */
 #ifndef SYMM_VARIANT_H
 #define SYMM_VARIANT_H
 
