@@ -1124,6 +1124,17 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
  * note when a capture, a call or the statistics after the timing failed. */
 static stat2 time_one(bench *b, work *w, int calls);
 
+/* After timed calls: the variant's statistics read clean on every rank
+ * (agreed); else false with note saying what failed after `what`. */
+static bool stats_clean(bench *b, symm_variant *v, const char *what, char *note)
+{
+    char why[NOTE_LEN] = "";
+    symm_status st = symm_variant_stats_read(v, b->stream, NULL);
+    if (st != SYMM_OK)
+        snprintf(why, sizeof why, "after the timed %s: %s: %s", what, symm_status_name(st), symm_last_error());
+    return agree(b, st == SYMM_OK, why, note);
+}
+
 /* With graphs, also *pair (when pair is not NULL): the pairs back to back in
  * one graph with no event between them, per pair; *pair_ok false where that
  * capture failed on some rank. */
@@ -1155,10 +1166,7 @@ static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *d
         die(b, "time_calls", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
     if (*ok) {
         CHECK(b, d->name, time_pairs(b, &c, &pw, us));
-        symm_status st = symm_variant_stats_read(v, b->stream, NULL);
-        if (st != SYMM_OK)
-            snprintf(why, sizeof why, "after the timed calls: %s: %s", symm_status_name(st), symm_last_error());
-        *ok = agree(b, st == SYMM_OK, why, note);
+        *ok = stats_clean(b, v, "calls", note);
     }
     if (*ok) {
         *dispatch = slowest_rank(b, us);
@@ -1176,10 +1184,7 @@ static void time_calls(bench *b, symm_variant *v, bool graphs, const dev_bufs *d
         if (*pair_ok)
             *pair = time_one(b, &bare, r->calls);
         work_release(b, &bare);
-        st = symm_variant_stats_read(v, b->stream, NULL);
-        if (st != SYMM_OK)
-            snprintf(why, sizeof why, "after the timed pairs: %s: %s", symm_status_name(st), symm_last_error());
-        *ok = agree(b, st == SYMM_OK, why, note);
+        *ok = stats_clean(b, v, "pairs", note);
     }
     work_release(b, &pw.whole);
     work_release(b, &pw.dispatch);

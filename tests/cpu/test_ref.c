@@ -249,15 +249,26 @@ static void world_make(tworld *w, const symm_ref_config *cfg, const gen *g, int 
     }
 }
 
-static void world_free(tworld *w)
+/* The dispatch inputs of every rank, freed and cleared. */
+static void world_free_inputs(tworld *w)
 {
     for (int p = 0; p < w->cfg.world; p++) {
-        symm_ref_recv_free(&w->recv[p]);
         free(w->x[p]);
         free(w->scales[p]);
         free(w->idx[p]);
         free(w->tw[p]);
+        w->x[p] = NULL;
+        w->scales[p] = NULL;
+        w->idx[p] = NULL;
+        w->tw[p] = NULL;
     }
+}
+
+static void world_free(tworld *w)
+{
+    for (int p = 0; p < w->cfg.world; p++)
+        symm_ref_recv_free(&w->recv[p]);
+    world_free_inputs(w);
 }
 
 static symm_ref_config random_config(void)
@@ -1538,16 +1549,7 @@ Test(config, recv_repoison_restores_the_fresh_buffers_for_another_dispatch)
         }
         check_nothing_written(&w);
         /* The same buffers serve a fresh world's inputs. */
-        for (int p = 0; p < c.world; p++) {
-            free(w.x[p]);
-            free(w.scales[p]);
-            free(w.idx[p]);
-            free(w.tw[p]);
-            w.x[p] = NULL;
-            w.scales[p] = NULL;
-            w.idx[p] = NULL;
-            w.tw[p] = NULL;
-        }
+        world_free_inputs(&w);
         world_inputs(&w, &GEN_PLAIN, 0);
         dispatch_and_check(&w);
         world_free(&w);
