@@ -1686,6 +1686,10 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
                "%s  / ours p50 (above 1: ours is faster). d/c = dispatch/combine. sms: the variant's blocks per\n"
                "%s  kernel. sym MiB: symmetric memory per rank, rounded to the VMM granularity.\n",
             li, li, li, li, li);
+    fprintf(f, "%slayout expert (rows g): remote MB counts a row per (token, expert); dispatch sends a token's row\n"
+               "%s  to a peer once however many of its experts live there (tuning knob DEDUP, on by default) and\n"
+               "%s  the peer copies it locally, so its GB/s is that payload over the time, not NVLink's bytes.\n",
+            li, li, li);
     fprintf(f, "%sroutings: uniform = top-k distinct experts uniformly; zipf = Zipf(s = %.1f) over expert ids,\n"
                "%s  expert 0 hottest, so the low ranks' experts take most rows. Seed 0x%" PRIx64 ".\n",
             li, MOE_ZIPF_S, li, b->seed);

@@ -24,6 +24,7 @@ static const struct knob {
     {"LOCAL_VEC", 0, 1},   /* dispatch: 1: rows for this rank stored by the warp's lanes, not the bulk copy */
     {"PROFILE", 0, 1},     /* 1: the kernels record phase times (symm_variant_profile_read) */
     {"PDL", 0, 1},         /* 1: dispatch and combine launched as programmatic dependents (default 1) */
+    {"DEDUP", 0, 1},       /* dispatch, layout expert: 1: a token's row goes to each peer once (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
@@ -33,7 +34,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
     out->profile = false;
     out->pdl = true;
     /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
-    char list[256];
+    char list[320];
     size_t at = 0;
     for (size_t k = 0; k < SYMM_ARRAY_LEN(knobs) && at < sizeof list; k++)
         at += (size_t)snprintf(list + at, sizeof list - at, "%s%s %ld..%ld", k ? ", " : "", knobs[k].name,

@@ -4,7 +4,8 @@
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, nccl, world4, world8, sanitize, bench, profile, inline, tune,
-#        proxy, rtbench (profile, inline and tune: on 2 GPUs; inline times
+#        dedup, proxy, rtbench (profile, inline, tune and dedup: on 2 GPUs;
+#        dedup times rows g with DEDUP on and off; inline times
 #        rows a, b and f with the timing events between the kernels, as the
 #        2-GPU entries of bench/RESULTS.md before 2026-11-25 were; tune
 #        times the defaults beside the knobs of bench/NOTES.md entries 7-13
@@ -71,6 +72,8 @@ for s in "$@"; do
             default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=0 SUM_UNROLL=8 PUSH_BATCH=2 \
             LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1 PDL=0
           [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
+    dedup) step dedup 300 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/dedup" scripts/bench-tune.sh --groups g default DEDUP=0
+          [ -f "$out/dedup/tune.md" ] && cp "$out/dedup/tune.md" "$final/dedup.md" ;;
     proxy)
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"

@@ -221,7 +221,7 @@ static void compare_dispatch(failures *f, const symm_variant_desc *d, symm_varia
                 continue;
             }
             compare_bytes(f, "recv_x", gx, rx + r * row_bytes, row_bytes, row_bytes);
-            compare_bytes(f, "recv_src", src + r * 4, ref->src + r * 4, 12, 12);
+            compare_bytes(f, "recv_src", src + r * 4, ref->src + r * 4, 16, 16);
             if (w)
                 compare_bytes(f, "recv_weights", w + r, ref->weights + r, 4, 4);
             if (f->count)
@@ -231,7 +231,7 @@ static void compare_dispatch(failures *f, const symm_variant_desc *d, symm_varia
     } else {
         compare_bytes(f, "recv_x", x, ref->x, (size_t)rows * row_bytes, row_bytes);
         for (int64_t r = 0; r < rows && !f->count; r++)
-            compare_bytes(f, "recv_src", src + r * 4, ref->src + r * 4, 12, 12);
+            compare_bytes(f, "recv_src", src + r * 4, ref->src + r * 4, 16, 16);
         int32_t *tk = dget(rb.topk_idx, (size_t)rows * K * 4);
         compare_bytes(f, "recv_topk_idx", tk, ref->topk_idx, (size_t)rows * K * 4, (size_t)K * 4);
         free(tk);

@@ -441,11 +441,11 @@ static void expect_recv(const vt *t, const vcase *k)
         if (expert && !in_segment(ref, L, r))
             continue;
         const void *want_x = (const char *)ref->x + r * x_row(d);
-        if (memcmp(x + r * x_row(d), want_x, x_row(d)) || memcmp(src + r * 4, ref->src + r * 4, 12)) {
+        if (memcmp(x + r * x_row(d), want_x, x_row(d)) || memcmp(src + r * 4, ref->src + r * 4, 16)) {
             char what[64];
             snprintf(what, sizeof what, "recv_x/recv_src of row %" PRId64, r);
             expect_bytes(t, what, x + r * x_row(d), want_x, x_row(d), 0);
-            expect_bytes(t, what, src + r * 4, ref->src + r * 4, 12, 0);
+            expect_bytes(t, what, src + r * 4, ref->src + r * 4, 16, 0);
         }
     }
     if (!expert) {
@@ -974,10 +974,10 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
     char tune[160];
     snprintf(tune, sizeof tune,
              "PUSH_WARPS=%d,PUSH_WARPS_SMALL=%d,PUSH_BATCH=%d,BULK_SLOTS=%d,SUM_UNROLL=%d,PREFETCH=%d,LOCAL_VEC=%d, "
-             "PDL=%d,PROFILE=1",
+             "PDL=%d,DEDUP=%d,PROFILE=1",
              1 + (int)(next_random(&s) % 16), (int)(next_random(&s) % 17), 1 + (int)(next_random(&s) % 32),
              1 + (int)(next_random(&s) % 4), 1 + (int)(next_random(&s) % 10), (int)(next_random(&s) % 2),
-             (int)(next_random(&s) % 2), (int)(next_random(&s) % 2));
+             (int)(next_random(&s) % 2), (int)(next_random(&s) % 2), (int)(next_random(&s) % 2));
     symm_variant_options o = native_options();
     o.tune = tune;
     vt_open(&t, &o);
