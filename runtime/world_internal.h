@@ -116,7 +116,8 @@ SYMM_HIDDEN int symm_wio_poll_ms(double deadline);
 
 /* Send n bytes (n >= 1 when fd >= 0, which is attached to the first byte),
  * never raising SIGPIPE. With watch_input, stop with SYMM_WIO_INPUT as soon
- * as the peer has something to read while we wait to send. */
+ * as the peer has something to read while we wait to send, or when it has
+ * gone and left something to read (its error, sent before it closed). */
 SYMM_HIDDEN symm_wio symm_wio_send(int sock, const void *buf, size_t n, int fd, double deadline,
                                    int watch_input);
 

@@ -93,8 +93,15 @@ symm_wio symm_wio_send(int sock, const void *buf, size_t n, int fd, double deadl
         }
         if (k < 0 && errno == EINTR)
             continue;
-        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-            return is_disconnect(errno) ? SYMM_WIO_EOF : SYMM_WIO_ERRNO;
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            if (!is_disconnect(errno))
+                return SYMM_WIO_ERRNO;
+            /* The peer may have spoken and left between the poll above and
+             * the send (rank 0 sends its error, then closes): let the caller
+             * read what it said rather than report a bare disconnect. */
+            struct pollfd q = {.fd = sock, .events = POLLIN};
+            return watch_input && poll(&q, 1, 0) > 0 && (q.revents & POLLIN) ? SYMM_WIO_INPUT : SYMM_WIO_EOF;
+        }
         int ev = wait_ready(sock, POLLOUT | (watch_input ? POLLIN : 0), deadline);
         if (ev == 0)
             return SYMM_WIO_TIMEOUT;
