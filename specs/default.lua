@@ -3,8 +3,9 @@
 -- A small matrix that touches every code path of the generator at modest
 -- sizes, so compiling all of it stays quick: every dispatch dtype (bf16,
 -- fp16, fp32, fp8_e4m3), a few combine dtypes, both receive layouts, with
--- and without top-k weights, on 2 and 4 ranks, one variant per world whose
--- capacity is below the worst case, and expert layouts with aligned segments.
+-- and without top-k weights, on 2 and 4 ranks, two variants per world whose
+-- capacity is below the worst case (one per layout), and expert layouts with
+-- aligned segments.
 --
 -- Names read dtype_layout_wWORLD (plus what is special about the variant).
 -- See specs/tutorial.lua for what each field means.
@@ -42,6 +43,11 @@ for _, w in ipairs({ 2, 4 }) do
   -- Capacity below the worst case (world * max_tokens rows): smaller buffers,
   -- and rows beyond it are dropped and reported instead of written.
   layout(with(mid, { name = "bf16_rank_cap" .. s, world = w, capacity = w * mid.max_tokens // 2 }))
+  -- The same for layout expert (worst case: world * max_tokens * topk rows
+  -- plus the padding): segments cut at the capacity, and the rows of a
+  -- token that do fit still arrive whole.
+  layout(with(mid, { name = "fp16_expert_a8_cap" .. s, world = w, dtype = "fp16", layout = "expert", align = 8,
+                     capacity = w * mid.max_tokens * 2 }))
 end
 
 -- Top-8 over 64 experts at the largest hidden size of the set, with segments

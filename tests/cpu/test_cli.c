@@ -743,7 +743,7 @@ Test(cli, generated_c_of_the_default_spec_compiles_cleanly)
 
 /* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator);
  * there a small spec with one variant of each layout and an fp8 one stands in
- * for the default spec's 17, to keep the sanitizer run short. */
+ * for the default spec's 19, to keep the sanitizer run short. */
 Test(cli, compile_of_the_default_spec_reports_a_time_per_variant, .timeout = 300)
 {
     char spec[PATH_MAX + 32];
