@@ -75,15 +75,20 @@ static ssize_t send_once(int sock, const char *p, size_t n, int fd)
     return sendmsg(sock, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/* The socket's poll events for reading right now (POLLIN, POLLHUP, ...), 0
+ * when there are none. */
+static short input_now(int sock)
+{
+    struct pollfd q = {.fd = sock, .events = POLLIN};
+    return poll(&q, 1, 0) > 0 ? q.revents : 0;
+}
+
 symm_wio symm_wio_send(int sock, const void *buf, size_t n, int fd, double deadline, int watch_input)
 {
     const char *p = buf;
     while (n > 0) {
-        if (watch_input) {
-            struct pollfd q = {.fd = sock, .events = POLLIN};
-            if (poll(&q, 1, 0) > 0 && (q.revents & (POLLIN | POLLHUP)))
-                return SYMM_WIO_INPUT;
-        }
+        if (watch_input && (input_now(sock) & (POLLIN | POLLHUP)))
+            return SYMM_WIO_INPUT;
         ssize_t k = send_once(sock, p, n, fd);
         if (k > 0) {
             fd = -1; /* the descriptor went with the first byte */
@@ -99,8 +104,7 @@ symm_wio symm_wio_send(int sock, const void *buf, size_t n, int fd, double deadl
             /* The peer may have spoken and left between the poll above and
              * the send (rank 0 sends its error, then closes): let the caller
              * read what it said rather than report a bare disconnect. */
-            struct pollfd q = {.fd = sock, .events = POLLIN};
-            return watch_input && poll(&q, 1, 0) > 0 && (q.revents & POLLIN) ? SYMM_WIO_INPUT : SYMM_WIO_EOF;
+            return watch_input && (input_now(sock) & POLLIN) ? SYMM_WIO_INPUT : SYMM_WIO_EOF;
         }
         int ev = wait_ready(sock, POLLOUT | (watch_input ? POLLIN : 0), deadline);
         if (ev == 0)
