@@ -117,17 +117,25 @@ struct symm_nccl {
     ncclComm_t comm;
 };
 
-/* The same verdict on every rank: the device knows every rank's GPU. */
+bool symm_nccl_shared_gpu_mode(void)
+{
+    const char *mode = getenv("SYMM_NCCL_SHARED_GPU"), *host = getenv("NCCL_HOSTID");
+    return mode && !strcmp(mode, "1") && host && *host;
+}
+
+/* Two ranks on one GPU: refused unless this rank runs in the shared-GPU mode
+ * (symm_nccl.h). The verdict is local; the caller agrees on it. */
 static symm_status refuse_shared_gpu(const symm_device *dev, int ranks)
 {
-    if (symm_device_gpu_count(dev) >= ranks)
+    if (symm_device_gpu_count(dev) >= ranks || symm_nccl_shared_gpu_mode())
         return SYMM_OK;
     for (int q = 1; q < ranks; q++)
         for (int r = 0; r < q; r++)
             if (symm_device_gpu_index(dev, r) == symm_device_gpu_index(dev, q))
                 return symm_fail(SYMM_ERR_UNSUPPORTED, "symm_nccl_create: ranks %d and %d run "
                                  "on the same GPU, and NCCL needs one GPU per rank (%d ranks "
-                                 "on %d GPUs)", r, q, ranks, symm_device_gpu_count(dev));
+                                 "on %d GPUs; for tests only, symmrun --nccl-shared-gpu makes "
+                                 "each rank its own NCCL host)", r, q, ranks, symm_device_gpu_count(dev));
     return SYMM_OK;
 }
 
@@ -184,7 +192,7 @@ symm_status symm_nccl_create(symm_world *world, symm_device *dev, symm_nccl **ou
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_nccl_create: dev was opened on another "
                          "world than the one passed");
     int rank = symm_world_rank(world), ranks = symm_world_size(world);
-    SYMM_TRY(refuse_shared_gpu(dev, ranks));
+    SYMM_TRY(symm_agree(world, refuse_shared_gpu(dev, ranks), "symm_nccl_create"));
 
     const symm_nccl_api *nc = NULL;
     symm_status st = symm_nccl_load(&nc);

@@ -39,7 +39,7 @@
 #define MAX_LINE (1u << 20)
 
 static const char usage_text[] =
-    "usage: symmrun -n N [--gpus LIST] [--timeout S] [--] PROG [ARGS...]\n"
+    "usage: symmrun -n N [--gpus LIST] [--timeout S] [--nccl-shared-gpu] [--] PROG [ARGS...]\n"
     "\n"
     "Start N ranks of PROG on this host. Each gets SYMM_RANK, SYMM_WORLD_SIZE,\n"
     "SYMM_LOCAL_RANK, SYMM_JOB_ID (unique to this run) and SYMM_JOB_SECRET (32\n"
@@ -51,6 +51,10 @@ static const char usage_text[] =
     "                uses the device of its local rank\n"
     "  --timeout S   SYMM_TIMEOUT of the ranks: the seconds any wait of the world\n"
     "                may take before it fails\n"
+    "  --nccl-shared-gpu  for tests with more ranks than GPUs: each rank gets its own\n"
+    "                NCCL_HOSTID, SYMM_NCCL_SHARED_GPU=1, and NCCL_SOCKET_IFNAME=lo and\n"
+    "                NCCL_IB_DISABLE=1 unless set, so that NCCL joins ranks that share\n"
+    "                a GPU by its socket transport over loopback (correct, not fast)\n"
     "  -h, --help    show this text\n"
     "  --version     show the version\n"
     "\n"
@@ -71,6 +75,7 @@ typedef struct options {
     int *gpus;
     int ngpus;
     const char *timeout;
+    int nccl_shared_gpu;
     char **argv;
 } options;
 
@@ -218,6 +223,8 @@ static void parse_args(int argc, char **argv, options *o)
         } else if (!strncmp(a, "--timeout", 9) && (a[9] == '\0' || a[9] == '=')) {
             o->timeout = option_value(argc, argv, &i, "--timeout", 9);
             parse_timeout(o->timeout);
+        } else if (!strcmp(a, "--nccl-shared-gpu")) {
+            o->nccl_shared_gpu = 1;
         } else if (a[0] == '-' && a[1] != '\0') {
             usage_error("unknown option \"%s\"", a);
         } else {
@@ -429,6 +436,14 @@ static void child_exec(job *j, int r, int out_fd, int err_fd)
     setenv("NCCL_NVLS_ENABLE", "0", 0);
     setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 0);
     setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
+    if (j->opt.nccl_shared_gpu) {
+        char host[128];
+        snprintf(host, sizeof host, "symmrun-%s-rank-%d", j->job_id, r);
+        setenv("NCCL_HOSTID", host, 1);
+        setenv("SYMM_NCCL_SHARED_GPU", "1", 1);
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
+    }
     execvp(j->opt.argv[0], j->opt.argv);
     int err = errno;
     dprintf(2, "symmrun: %s: %s\n", j->opt.argv[0], strerror(err));

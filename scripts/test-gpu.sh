@@ -6,6 +6,8 @@
 #     specs/worlds.lua and specs/models.lua) at every world they declare:
 #     one rank per GPU where the GPUs suffice (native and NCCL backend), else
 #     several ranks per GPU (time-sliced: correctness only, the quick matrix;
+#     the NCCL backend too at worlds up to NCCL_SHARED_MAX, default 4, through
+#     symmrun --nccl-shared-gpu: NCCL over loopback sockets;
 #     a variant above 2^22 elements per rank's input runs again from the
 #     same spec generated with max_tokens = 128, every other field kept, so
 #     that every shape, dtype and layout is checked at a size time-slicing
@@ -40,6 +42,17 @@ for t in "$@"; do
         note "$(basename "$t") with $n ranks on $ngpu GPU(s)"
         $run -n "$n" --gpus "$gpus" -- "$t" --jobs 1
         record $? "$(basename "$t") -n $n"
+        # Ranks sharing GPUs: the NCCL tests again, with NCCL let share them.
+        filter=
+        case "$(basename "$t")" in
+        test_nccl) filter='*' ;;
+        test_variant) filter='variant/nccl_*' ;;
+        esac
+        if [ -n "$filter" ] && [ "$n" -gt "$ngpu" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+            note "$(basename "$t") ($filter) with $n ranks on $ngpu GPU(s), symmrun --nccl-shared-gpu"
+            $run -n "$n" --gpus "$gpus" --nccl-shared-gpu -- "$t" --jobs 1 --filter "$filter"
+            record $? "$(basename "$t") -n $n --nccl-shared-gpu"
+        fi
     done
 done
 
@@ -69,11 +82,23 @@ for spec in $specs; do
             note "$name: world $w, the $((${#large[@]} / 2)) skipped variant(s) with max_tokens = $SMALL_TOKENS"
             $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$small/manifest.json" --quick "${large[@]}"
             record $? "check $name world $w native, max_tokens $SMALL_TOKENS"
+            if [ "$w" -le "${NCCL_SHARED_MAX:-4}" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+                note "$name: world $w, the same with the nccl backend, symmrun --nccl-shared-gpu"
+                $run -n "$w" --gpus "$gpus" --nccl-shared-gpu -- "$build/tests-gpu/check" \
+                    --manifest "$small/manifest.json" --backend nccl --quick "${large[@]}"
+                record $? "check $name world $w nccl (--nccl-shared-gpu), max_tokens $SMALL_TOKENS"
+            fi
         fi
         if [ "$w" -le "$ngpu" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
             note "$name: world $w, nccl backend"
             $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --backend nccl
             record $? "check $name world $w nccl"
+        elif [ "$w" -le "${NCCL_SHARED_MAX:-4}" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+            # The quick matrix, the large variants at max_tokens 128 (above).
+            note "$name: world $w on $ngpu GPU(s), nccl backend, symmrun --nccl-shared-gpu ${extra[*]}"
+            $run -n "$w" --gpus "$gpus" --nccl-shared-gpu -- "$build/tests-gpu/check" --manifest "$out/manifest.json" \
+                --backend nccl "${extra[@]}"
+            record $? "check $name world $w nccl (--nccl-shared-gpu)"
         fi
     done
 done

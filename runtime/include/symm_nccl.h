@@ -11,6 +11,8 @@
 #ifndef SYMM_NCCL_H
 #define SYMM_NCCL_H
 
+#include <stdbool.h>
+
 #include "symm_heap.h"
 #include "symm_status.h"
 #include "symm_world.h"
@@ -26,9 +28,19 @@ typedef struct symm_nccl symm_nccl;
  * thread): rank 0 makes the unique id, the world broadcasts it, every rank
  * calls ncclCommInitRank. NCCL needs one GPU per rank: when two ranks share
  * one, every rank gets SYMM_ERR_UNSUPPORTED naming them, before NCCL is
- * called. SYMM_ERR_NCCL when NCCL is missing or fails (its own words in the
+ * called, unless every rank runs in the shared-GPU mode (below).
+ * SYMM_ERR_NCCL when NCCL is missing or fails (its own words in the
  * message). */
 symm_status symm_nccl_create(symm_world *world, symm_device *dev, symm_nccl **out);
+
+/* The shared-GPU mode, for tests on a host with fewer GPUs than ranks: true
+ * when SYMM_NCCL_SHARED_GPU=1 and NCCL_HOSTID is set, as `symmrun
+ * --nccl-shared-gpu` sets them (NCCL_HOSTID different for every rank,
+ * NCCL_SOCKET_IFNAME=lo and NCCL_IB_DISABLE=1 unless already set). NCCL
+ * then takes each rank for a host of its own and joins them by its socket
+ * transport over loopback instead of refusing a GPU it sees twice: the
+ * results are NCCL's, the speed is not NVLink's. */
+bool symm_nccl_shared_gpu_mode(void);
 
 /* Free the communicator (ncclCommDestroy, or ncclCommAbort after an
  * asynchronous error, which would make a destroy wait for dead peers).

@@ -122,6 +122,31 @@ Test(heap_cpu, nccl_create_without_a_device_is_refused)
     symm_world_destroy(w);
 }
 
+Test(heap_cpu, nccl_shared_gpu_mode_needs_the_flag_and_a_host_id)
+{
+    static const struct {
+        const char *mode, *host;
+        bool want;
+    } cases[] = {
+        {"1", "symmrun-x-rank-0", true}, {"1", NULL, false}, {"1", "", false},
+        {NULL, "symmrun-x-rank-0", false}, {"0", "symmrun-x-rank-0", false}, {"yes", "h", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].mode)
+            setenv("SYMM_NCCL_SHARED_GPU", cases[i].mode, 1);
+        else
+            unsetenv("SYMM_NCCL_SHARED_GPU");
+        if (cases[i].host)
+            setenv("NCCL_HOSTID", cases[i].host, 1);
+        else
+            unsetenv("NCCL_HOSTID");
+        cr_assert_eq(symm_nccl_shared_gpu_mode(), cases[i].want, "SYMM_NCCL_SHARED_GPU=%s NCCL_HOSTID=%s",
+                     cases[i].mode ? cases[i].mode : "(unset)", cases[i].host ? cases[i].host : "(unset)");
+    }
+    unsetenv("SYMM_NCCL_SHARED_GPU");
+    unsetenv("NCCL_HOSTID");
+}
+
 Test(heap_cpu, nccl_loads_with_multicast_off_or_says_why_not)
 {
     unsetenv("NCCL_NVLS_ENABLE");

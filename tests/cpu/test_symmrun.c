@@ -430,6 +430,48 @@ Test(symmrun, gpus_are_assigned_round_robin_and_timeout_is_passed_on)
     release(&r);
 }
 
+/* --nccl-shared-gpu: a different NCCL host for every rank, the mode flag, and
+ * the socket transport's settings only where the caller has not chosen. */
+Test(symmrun, nccl_shared_gpu_gives_each_rank_its_own_nccl_host)
+{
+    static const char script[] = "echo \"$SYMM_RANK ${NCCL_HOSTID-unset} ${SYMM_NCCL_SHARED_GPU-unset} "
+                                 "${NCCL_SOCKET_IFNAME-unset} ${NCCL_IB_DISABLE-unset}\"";
+    setenv("NCCL_HOSTID", "inherited", 1);
+    unsetenv("NCCL_SOCKET_IFNAME");
+    setenv("NCCL_IB_DISABLE", "0", 1);
+    run r = run_symmrun((const char *[]){"-n", "3", "--nccl-shared-gpu", "/bin/sh", "-c", script, NULL}, 10);
+    cr_assert_eq(r.code, 0, "stderr: %s", r.buf[1]);
+    char host[3][128] = {{0}};
+    char *copy = strdup(r.buf[0]), *save = NULL;
+    int seen = 0;
+    for (char *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        int prefix, rank;
+        char h[128], mode[16], ifname[16], ib[16];
+        cr_assert(sscanf(l, "[%d] %d %127s %15s %15s %15s", &prefix, &rank, h, mode, ifname, ib) == 6, "bad line: %s",
+                  l);
+        cr_assert(rank >= 0 && rank < 3 && prefix == rank, "line: %s", l);
+        cr_assert(strncmp(h, "symmrun-", 8) == 0, "rank %d: NCCL_HOSTID %s, expected the job's own", rank, h);
+        cr_assert_str_eq(mode, "1", "rank %d: SYMM_NCCL_SHARED_GPU", rank);
+        cr_assert_str_eq(ifname, "lo", "rank %d: NCCL_SOCKET_IFNAME unset before, expected lo", rank);
+        cr_assert_str_eq(ib, "0", "rank %d: NCCL_IB_DISABLE set by the caller must be kept", rank);
+        snprintf(host[rank], sizeof host[rank], "%s", h);
+        seen++;
+    }
+    free(copy);
+    cr_assert_eq(seen, 3, "stdout: %s", r.buf[0]);
+    cr_assert(strcmp(host[0], host[1]) && strcmp(host[0], host[2]) && strcmp(host[1], host[2]),
+              "every rank needs its own NCCL_HOSTID: %s %s %s", host[0], host[1], host[2]);
+    release(&r);
+
+    /* Without the option nothing of it is set. */
+    unsetenv("NCCL_HOSTID");
+    unsetenv("NCCL_IB_DISABLE");
+    r = run_symmrun((const char *[]){"-n", "2", "/bin/sh", "-c", script, NULL}, 10);
+    cr_assert_eq(r.code, 0, "stderr: %s", r.buf[1]);
+    cr_assert(count_of(r.buf[0], "unset unset unset unset") == 2, "stdout: %s", r.buf[0]);
+    release(&r);
+}
+
 /* --- usage ------------------------------------------------------------------- */
 
 static void usage_fails(const char *const *args, const char *needle)

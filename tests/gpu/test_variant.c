@@ -17,6 +17,7 @@
 #include "heap_test.h"
 #include "moe_inputs.h"
 #include "symm_manifest.h"
+#include "symm_nccl.h"
 #include "symm_ref.h"
 #include "symm_variant.h"
 
@@ -1035,7 +1036,7 @@ Test(variant, nccl_backend_refuses_stream_capture_saying_why)
 {
     vt t;
     vt_setup(&t, "nccl-capture", ANY, 0);
-    if (symm_device_gpu_count(t.c.dev) < t.c.ranks) {
+    if (symm_device_gpu_count(t.c.dev) < t.c.ranks && !symm_nccl_shared_gpu_mode()) {
         printf("skipped: NCCL needs one GPU per rank (%d ranks on %d GPUs)\n", t.c.ranks,
                symm_device_gpu_count(t.c.dev));
         fflush(stdout);
@@ -1075,11 +1076,12 @@ Test(variant, nccl_backend_on_a_shared_gpu_is_refused_after_its_kernels_load)
 {
     vt t;
     vt_setup(&t, "nccl-shared", ANY, 0);
-    if (symm_device_gpu_count(t.c.dev) >= t.c.ranks) {
-        printf("skipped: every rank has its own GPU (run with more ranks than GPUs)\n");
+    if (symm_device_gpu_count(t.c.dev) >= t.c.ranks || symm_nccl_shared_gpu_mode()) {
+        printf("skipped: NCCL is let share GPUs here (every rank has its own GPU, or symmrun "
+               "--nccl-shared-gpu)\n");
         fflush(stdout);
         vt_finish(&t);
-        cr_skip_test("every rank has its own GPU");
+        cr_skip_test("NCCL is let share GPUs here");
     }
     symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
     symm_variant *v = NULL;
