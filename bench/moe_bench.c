@@ -57,11 +57,12 @@
 
 /* ---- the matrix --------------------------------------------------------- */
 
-typedef enum routing { ROUTE_UNIFORM, ROUTE_ZIPF } routing;
-static const char *const routing_names[] = {"uniform", "zipf"};
+typedef enum routing { ROUTE_UNIFORM, ROUTE_ZIPF, ROUTE_LOCAL } routing;
+static const char *const routing_names[] = {"uniform", "zipf", "local"};
 
 /* One row: a variant of specs/bench.lua at one T and routing. The group is
- * the first letter of the id (the letters of the issue: a..g). */
+ * the first letter of the id (the letters of the issue: a..g; h: the fixed
+ * costs, every token routed to its own rank's experts, no row crosses). */
 typedef struct row_spec {
     const char *id;
     const char *variant;
@@ -91,6 +92,8 @@ static const row_spec matrix[] = {
     {"f.64", "bench_dsv3_prefill_sms64", 4096, ROUTE_UNIFORM},
     {"g.prefill", "bench_dsv3_prefill_expert", 4096, ROUTE_UNIFORM},
     {"g.decode", "bench_dsv3_decode_expert", 128, ROUTE_UNIFORM},
+    {"h.prefill", "bench_dsv3_prefill", 4096, ROUTE_LOCAL},
+    {"h.decode", "bench_dsv3_decode", 128, ROUTE_LOCAL},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -120,9 +123,10 @@ static void usage(FILE *f)
             "  --manifest PATH  manifest.json of the generated bench variants (required)\n"
             "  --csv PATH       write the rows as CSV (rank 0; rows appear as variants finish)\n"
             "  --markdown PATH  write the final tables in Markdown (rank 0), for bench/RESULTS.md\n"
-            "  --groups LIST    only these row groups, letters a..g separated by commas (default all):\n"
+            "  --groups LIST    only these row groups, letters a..h separated by commas (default all):\n"
             "                   a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM budgets,\n"
-            "                   g layout expert\n"
+            "                   g layout expert, h fixed costs (a and b with every token routed to\n"
+            "                   its own rank: no row crosses)\n"
             "  --reps N         timed repetitions per measurement (default %d, at least %d for\n"
             "                   numbers worth reporting)\n"
             "  --warmup N       untimed repetitions before them (default 5)\n"
@@ -133,7 +137,8 @@ static void usage(FILE *f)
             "                   then waits for an event node) instead of on a side branch\n"
             "  --shared-gpu     let ranks share GPUs (a development proxy: run it under CUDA MPS so\n"
             "                   that they run at once; their rows then never cross NVLink, so the\n"
-            "                   times are not the benchmark's); implies --no-nccl\n"
+            "                   times are not the benchmark's); implies --no-nccl unless symmrun\n"
+            "                   --nccl-shared-gpu started the ranks (NCCL over loopback sockets)\n"
             "  --profile        build the native kernels with the tuning knob PROFILE=1 and, after\n"
             "                   each row's timing, print when each phase of dispatch and combine\n"
             "                   ended (median of 20 plain calls, per rank; the timings then include\n"
@@ -189,8 +194,8 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--groups")) {
             o->groups = argv[++i];
             for (const char *g = o->groups; *g; g++)
-                if (*g != ',' && (*g < 'a' || *g > 'g'))
-                    return bad_usage("--groups \"%s\": expected letters a..g separated by commas", o->groups);
+                if (*g != ',' && (*g < 'a' || *g > 'h'))
+                    return bad_usage("--groups \"%s\": expected letters a..h separated by commas", o->groups);
         } else if (!strcmp(a, "--reps")) {
             if (!parse_int(argv[++i], 1, 100000, &o->reps))
                 return bad_usage("--reps \"%s\": expected an integer 1..100000", argv[i]);
@@ -207,7 +212,7 @@ static int parse_options(int argc, char **argv, options *o)
             o->no_nccl = true;
         } else if (!strcmp(a, "--shared-gpu")) {
             o->shared_gpu = true;
-            o->no_nccl = true;
+            o->no_nccl = o->no_nccl || !symm_nccl_shared_gpu_mode();
         } else if (!strcmp(a, "--nccl-plain")) {
             o->nccl_plain = true;
         } else if (!strcmp(a, "--inline-events")) {
@@ -249,9 +254,14 @@ static void routing_free(routing_set *r)
     memset(r, 0, sizeof *r);
 }
 
-static int pick_expert(moe_rng *r, routing how, int experts, const double *zipf_cdf)
+/* An expert of rank s's token: uniform, Zipf, or uniform among s's own
+ * experts (local; uniform over all where s has fewer than topk). */
+static int pick_expert(moe_rng *r, routing how, const symm_variant_desc *d, int s, const double *zipf_cdf)
 {
-    return how == ROUTE_UNIFORM ? moe_rng_int(r, experts) : moe_zipf_expert(r, zipf_cdf, experts);
+    const int L = d->experts / d->world;
+    if (how == ROUTE_LOCAL && L >= d->topk)
+        return s * L + moe_rng_int(r, L);
+    return how == ROUTE_ZIPF ? moe_zipf_expert(r, zipf_cdf, d->experts) : moe_rng_int(r, d->experts);
 }
 
 /* K distinct experts per token: uniform, or Zipf(MOE_ZIPF_S) over expert ids. */
@@ -282,7 +292,7 @@ static symm_status routing_make(const symm_variant_desc *d, uint64_t seed, routi
             for (int k = 0; k < K; k++) {
                 int e;
                 do {
-                    e = pick_expert(&g, how, E, cdf);
+                    e = pick_expert(&g, how, d, s, cdf);
                 } while (moe_row_has(row, k, e));
                 row[k] = e;
                 const int p = e / L;
@@ -1691,8 +1701,9 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
                "%s  the peer copies it locally, so its GB/s is that payload over the time, not NVLink's bytes.\n",
             li, li, li);
     fprintf(f, "%sroutings: uniform = top-k distinct experts uniformly; zipf = Zipf(s = %.1f) over expert ids,\n"
-               "%s  expert 0 hottest, so the low ranks' experts take most rows. Seed 0x%" PRIx64 ".\n",
-            li, MOE_ZIPF_S, li, b->seed);
+               "%s  expert 0 hottest, so the low ranks' experts take most rows; local = top-k distinct experts\n"
+               "%s  uniformly among the token's own rank's (no row crosses: the fixed costs). Seed 0x%" PRIx64 ".\n",
+            li, MOE_ZIPF_S, li, li, b->seed);
     const char *tune = getenv("SYMM_TUNE");
     fprintf(f, "%skernel tuning (SYMM_TUNE): %s.\n", li, tune && *tune ? tune : "the defaults");
 }

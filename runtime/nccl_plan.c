@@ -107,12 +107,18 @@ static void pack(symm_nccl_plan *p, int T)
     int64_t *first = p->base + p->bins; /* free once bases() is done */
     int64_t packed = 0, dropped = 0;
     p->n_send = 0;
+    p->self_first = p->self_rows = 0;
     for (int c = 0; c < p->bins; c++) {
         const int64_t room = p->capacity - base[c];
         const int64_t kept = mine[c] < room ? mine[c] : room < 0 ? 0 : room;
+        const int rank = expert ? c / L : c;
         first[c] = packed;
+        if (rank == me && c == (expert ? me * L : me))
+            p->self_first = packed;
+        if (rank == me)
+            p->self_rows += kept;
         if (kept > 0)
-            p->send_chunks[p->n_send++] = (symm_nccl_chunk){expert ? c / L : c, packed, kept};
+            p->send_chunks[p->n_send++] = (symm_nccl_chunk){rank, packed, kept};
         packed += kept;
         dropped += mine[c] - kept;
     }
@@ -135,6 +141,8 @@ static void pack(symm_nccl_plan *p, int T)
             }
             const int64_t at = first[c] + route[slot];
             route[slot] = (int32_t)dest_row;
+            if ((expert ? c / L : c) == me)
+                p->self_dst[at - p->self_first] = (int32_t)dest_row;
             p->send_index[at] = t;
             p->stage_index[at] = expert ? t * K + slot : slot * p->max_tokens + t;
             int32_t *src = p->send_src + at * 4;

@@ -48,12 +48,17 @@ typedef struct symm_nccl_plan {
     int64_t *base;                  /* [2 * bins]: scratch */
     symm_nccl_chunk *send_chunks;   /* [world * (expert ? L : 1)] */
     symm_nccl_chunk *recv_chunks;   /* [world * (expert ? L : 1)] */
+    int32_t *self_dst;              /* [M]: for each of this rank's rows for itself, its received row */
     /* What symm_nccl_plan_rows found. */
     int n_send, n_recv;
     int64_t packed;                 /* rows packed for sending */
     int32_t recv_rows;              /* as the native state's recv_rows */
     int32_t dropped_recv;           /* rows meant for this rank that did not fit */
     int32_t dropped_send;           /* rows of this rank dropped at their destination */
+    int64_t self_first, self_rows;  /* this rank's rows for itself: packed rows [self_first,
+                                       self_first + self_rows), the chunks to itself (contiguous,
+                                       as bins go by rank); self_dst[i] is where packed row
+                                       self_first + i lands among its received rows */
 } symm_nccl_plan;
 
 /* Row `rank` of counts and the route of tokens [0, T); returns the number of
@@ -62,7 +67,8 @@ int symm_nccl_plan_count(symm_nccl_plan *p, int T);
 
 /* With every rank's count row in counts: the pack (send_index, stage_index,
  * send_src, send_topk, send_weights; the route rewritten to destination rows,
- * -1 where dropped), the send and receive chunks, recv_rows, the drops and
+ * -1 where dropped), the send and receive chunks, this rank's rows for
+ * itself (self_first, self_rows, self_dst), recv_rows, the drops and
  * (layout expert) expert. */
 void symm_nccl_plan_rows(symm_nccl_plan *p, int T);
 

@@ -5,13 +5,18 @@
  *
  * Dispatch brings topk_idx to the host (one device-to-host copy and a stream
  * synchronisation), computes the routing there with the rules of the native
- * kernels, exchanges the count rows with an NCCL all-gather, packs this
- * rank's rows per destination on the GPU and moves every contiguous run of
- * destination rows ("chunk": a destination rank for layout rank, a
- * destination (rank, expert) for layout expert) with one send/receive per
- * array. Combine sends each received chunk of y back as one contiguous run,
- * scatters what comes back into COMBINE_IN and runs the native sum. Because the
- * host waits inside dispatch, a call during stream capture is refused. */
+ * kernels, exchanges the count rows with an NCCL all-gather (a second
+ * synchronisation: NCCL needs the sizes on the host), packs this rank's rows
+ * per destination on the GPU and moves every contiguous run of destination
+ * rows ("chunk": a destination rank for layout rank, a destination (rank,
+ * expert) for layout expert) with one send/receive per array. This rank's
+ * rows for itself never go through NCCL: one kernel moves them from x
+ * straight to their received rows. Combine sends each received chunk of y
+ * back as one contiguous run, moves what comes back (and this rank's own
+ * rows, straight from y) into COMBINE_IN and runs the native sum. Dispatch
+ * returns once its work is queued; the next dispatch waits for the last
+ * call's work before it reuses the host buffers. Because the host waits
+ * inside dispatch, a call during stream capture is refused. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,11 +47,12 @@ struct symm_variant_nccl {
     int32_t *h_route;        /* [max_tokens, world or topk] */
     float *h_token_weights;  /* [max_tokens, topk] */
     int32_t *h_expert;       /* [2, local experts]: count, offset */
-    int32_t *h_recv_topk;    /* [capacity, topk] copy back (layout rank) */
+    int32_t *h_self_dst;     /* [max_send]: the plan's self_dst */
     device_state *h_state;
     /* device */
     CUdeviceptr d_counts, d_send_index, d_stage_index, d_send_x, d_send_scales, d_send_src, d_send_topk,
-        d_send_weights, d_stage;
+        d_send_weights, d_stage, d_self_dst;
+    CUevent done;        /* recorded after each call's work: the host buffers are free again */
     /* the routing of the last dispatch (its arrays are the pinned ones above) */
     symm_nccl_plan plan;
     chunk *send_chunks, *recv_chunks;
@@ -108,7 +114,7 @@ static symm_status nccl_buffers(symm_variant *v)
     SYMM_TRY(host_alloc(cu, &n->h_route, T * (size_t)(expert ? K : W) * 4));
     SYMM_TRY(host_alloc(cu, &n->h_token_weights, T * K * 4));
     SYMM_TRY(host_alloc(cu, &n->h_expert, (size_t)2 * L * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_recv_topk, (size_t)d->capacity * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_self_dst, S * 4));
     SYMM_TRY(host_alloc(cu, &n->h_state, sizeof(device_state)));
     SYMM_TRY(dev_alloc(cu, &n->d_counts, (size_t)W * n->bins * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_send_index, S * 4));
@@ -119,6 +125,8 @@ static symm_status nccl_buffers(symm_variant *v)
     SYMM_TRY(dev_alloc(cu, &n->d_send_topk, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_send_weights, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_stage, S * crow));
+    SYMM_TRY(dev_alloc(cu, &n->d_self_dst, S * 4));
+    SYMM_CU(cu, cuEventCreate(&n->done, CU_EVENT_DISABLE_TIMING));
     n->plan = (symm_nccl_plan){
         .world = W, .rank = v->rank, .topk = K, .experts = d->experts, .max_tokens = d->max_tokens,
         .align = d->align, .expert_layout = expert, .weights = d->weights != 0, .capacity = d->capacity,
@@ -126,7 +134,7 @@ static symm_status nccl_buffers(symm_variant *v)
         .route = n->h_route, .token_weights = n->h_token_weights, .send_index = n->h_send_index,
         .stage_index = n->h_stage_index, .send_src = n->h_send_src, .send_topk = n->h_send_topk,
         .send_weights = n->h_send_weights, .expert = n->h_expert, .base = n->base,
-        .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks,
+        .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks, .self_dst = n->h_self_dst,
     };
     return SYMM_OK;
 }
@@ -140,15 +148,17 @@ void symm_variant_nccl_release(symm_variant *v)
     if (symm_cuda(&cu) == SYMM_OK) {
         void *hosts[] = {n->h_topk, n->h_weights, n->h_counts, n->h_send_index, n->h_stage_index,
                          n->h_send_src, n->h_send_topk, n->h_send_weights, n->h_route,
-                         n->h_token_weights, n->h_expert, n->h_recv_topk, n->h_state};
+                         n->h_token_weights, n->h_expert, n->h_self_dst, n->h_state};
         for (size_t i = 0; i < SYMM_ARRAY_LEN(hosts); i++)
             if (hosts[i])
                 cu->cuMemFreeHost(hosts[i]);
         CUdeviceptr devs[] = {n->d_counts, n->d_send_index, n->d_stage_index, n->d_send_x, n->d_send_scales,
-                              n->d_send_src, n->d_send_topk, n->d_send_weights, n->d_stage};
+                              n->d_send_src, n->d_send_topk, n->d_send_weights, n->d_stage, n->d_self_dst};
         for (size_t i = 0; i < SYMM_ARRAY_LEN(devs); i++)
             if (devs[i])
                 cu->cuMemFree(devs[i]);
+        if (n->done)
+            cu->cuEventDestroy(n->done);
     }
     if (n->comm)
         symm_nccl_destroy(n->comm);
@@ -173,27 +183,45 @@ symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream str
     return SYMM_OK;
 }
 
-static symm_status launch_move(const symm_variant *v, CUfunction fn, CUdeviceptr src, CUdeviceptr index,
-                               CUdeviceptr dst, int64_t rows, int64_t row_bytes, CUstream stream)
+/* symm_move_rows: row i < rows from src row (src_index ? src_index[i] : i)
+ * to dst row (dst_index ? dst_index[i] : i), a warp a row. */
+static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdeviceptr src_index, CUdeviceptr dst,
+                               CUdeviceptr dst_index, int64_t rows, int64_t row_bytes, CUstream stream)
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    if (rows == 0)
+    if (rows <= 0)
         return SYMM_OK;
-    int64_t items = rows * (row_bytes % 16 == 0 ? row_bytes / 16 : row_bytes / 4);
-    unsigned blocks = (unsigned)((items + 511) / 512);
-    if (blocks > 1024)
-        blocks = 1024;
-    void *params[] = {&src, &index, &dst, &rows, &row_bytes};
-    symm_status st = symm_cuda_check(cu->cuLaunchKernel(fn, blocks, 1, 1, 512, 1, 1, 0, stream, params, NULL),
-                                     "NCCL backend: row gather/scatter launch");
+    enum { WARPS = 8 };
+    int64_t blocks = (rows + WARPS - 1) / WARPS;
+    if (blocks > 4096)
+        blocks = 4096;
+    void *params[] = {&src, &src_index, &dst, &dst_index, &rows, &row_bytes};
+    symm_status st = symm_cuda_check(cu->cuLaunchKernel(v->fn_move, (unsigned)blocks, 1, 1, WARPS * 32, 1, 1, 0,
+                                                        stream, params, NULL),
+                                     "NCCL backend: row move launch");
     if (st != SYMM_OK)
         symm_fail_context(st, "%s: ", v->desc->name);
     return st;
 }
 
-/* One send/receive per array per chunk, in one NCCL group. */
-static symm_status exchange_rows(symm_variant *v, CUstream stream)
+/* Packed rows [0, P) but this rank's own, which stay out of NCCL's way: the
+ * runs before and after them. */
+static symm_status launch_move_others(const symm_variant *v, CUdeviceptr src, CUdeviceptr src_index,
+                                      CUdeviceptr dst, CUdeviceptr dst_index, int64_t row_bytes, CUstream stream)
+{
+    const symm_nccl_plan *p = &v->nccl->plan;
+    const int64_t a = p->self_first, b = p->self_first + p->self_rows, P = p->packed;
+    SYMM_TRY(launch_move(v, src, src_index, dst, dst_index, a, row_bytes, stream));
+    const int64_t srow = src_index ? 4 : row_bytes, drow = dst_index ? 4 : row_bytes;
+    return launch_move(v, src + (src_index ? 0 : b * row_bytes), src_index ? src_index + b * srow : 0,
+                       dst + (dst_index ? 0 : b * row_bytes), dst_index ? dst_index + b * drow : 0, P - b, row_bytes,
+                       stream);
+}
+
+/* One send/receive per array per chunk with a peer, in one NCCL group (this
+ * rank's rows for itself were moved already). */
+static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, CUstream stream)
 {
     const symm_variant_desc *d = v->desc;
     struct symm_variant_nccl *n = v->nccl;
@@ -202,12 +230,11 @@ static symm_status exchange_rows(symm_variant *v, CUstream stream)
     const int K = d->topk;
     const size_t row = (size_t)d->hidden * symm_dtype_size(d->dtype), sc = (size_t)d->hidden / SYMM_FP8_BLOCK * 4;
     const size_t wrow = d->layout == SYMM_LAYOUT_RANK ? (size_t)K * 4 : 4;
-    symm_recv_buffers recv;
-    SYMM_TRY(symm_variant_recv(v, &recv));
-    const symm_recv_buffers *rb = &recv;
     SYMM_NCCL(nc, comm, ncclGroupStart());
     for (int i = 0; i < n->plan.n_send; i++) {
         const chunk c = n->send_chunks[i];
+        if (c.peer == v->rank)
+            continue;
         SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
         SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
@@ -219,6 +246,8 @@ static symm_status exchange_rows(symm_variant *v, CUstream stream)
     }
     for (int i = 0; i < n->plan.n_recv; i++) {
         const chunk c = n->recv_chunks[i];
+        if (c.peer == v->rank)
+            continue;
         SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
         SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
@@ -232,6 +261,21 @@ static symm_status exchange_rows(symm_variant *v, CUstream stream)
     return SYMM_OK;
 }
 
+/* A packed array: with src_index, x (or its scales) gathered, the rows for
+ * peers into the send buffer and this rank's own straight to their received
+ * rows; without, the array was packed on the host into send, and only this
+ * rank's own rows move, from there to their received rows. */
+static symm_status move_packed(symm_variant *v, CUdeviceptr src, CUdeviceptr src_index, CUdeviceptr send,
+                               CUdeviceptr recv, int64_t row_bytes, CUstream stream)
+{
+    const symm_nccl_plan *p = &v->nccl->plan;
+    if (src_index)
+        SYMM_TRY(launch_move_others(v, src, src_index, send, 0, row_bytes, stream));
+    const CUdeviceptr self_src = src_index ? src : send + p->self_first * row_bytes;
+    const CUdeviceptr self_index = src_index ? src_index + p->self_first * 4 : 0;
+    return launch_move(v, self_src, self_index, recv, v->nccl->d_self_dst, p->self_rows, row_bytes, stream);
+}
+
 static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, CUstream stream)
 {
     const symm_variant_desc *d = v->desc;
@@ -242,6 +286,9 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
     const int W = d->world, K = d->topk, L = d->experts / d->world;
     const int expert = d->layout == SYMM_LAYOUT_EXPERT;
+    /* The last call's copies from the host buffers, and its use of the
+     * device ones, are done before this call rewrites them. */
+    SYMM_CU(cu, cuEventSynchronize(n->done));
     device_state *st = n->h_state;
     memset(st, 0, sizeof *st);
 
@@ -283,6 +330,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     const size_t wrow = expert ? 4 : (size_t)K * 4;
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_index, n->h_send_index, (size_t)P * 4, stream));
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_stage_index, n->h_stage_index, (size_t)P * 4, stream));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_self_dst, n->h_self_dst, (size_t)plan->self_rows * 4, stream));
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_src, n->h_send_src, (size_t)P * 16, stream));
     if (!expert)
         SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_topk, n->h_send_topk, (size_t)P * K * 4, stream));
@@ -293,35 +341,32 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     if (expert && d->weights)
         SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_TOKEN_WEIGHTS].offset, n->h_token_weights,
                                       (size_t)T * K * 4, stream));
-    SYMM_TRY(launch_move(v, v->fn_gather, (CUdeviceptr)a->x, n->d_send_index, n->d_send_x, P, (int64_t)xrow, stream));
+    symm_recv_buffers rb;
+    SYMM_TRY(symm_variant_recv(v, &rb));
+    SYMM_TRY(move_packed(v, (CUdeviceptr)a->x, n->d_send_index, n->d_send_x, rb.x, (int64_t)xrow, stream));
     if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-        SYMM_TRY(launch_move(v, v->fn_gather, (CUdeviceptr)a->x_scales, n->d_send_index, n->d_send_scales, P,
+        SYMM_TRY(move_packed(v, (CUdeviceptr)a->x_scales, n->d_send_index, n->d_send_scales, rb.scales,
                              d->hidden / SYMM_FP8_BLOCK * 4, stream));
-    SYMM_TRY(exchange_rows(v, stream));
+    SYMM_TRY(move_packed(v, 0, 0, n->d_send_src, rb.src, 16, stream));
+    if (!expert)
+        SYMM_TRY(move_packed(v, 0, 0, n->d_send_topk, rb.topk_idx, (int64_t)K * 4, stream));
+    if (d->weights)
+        SYMM_TRY(move_packed(v, 0, 0, n->d_send_weights, rb.weights, (int64_t)wrow, stream));
+    SYMM_TRY(exchange_rows(v, &rb, stream));
 
     /* What this rank received. */
     st->seq = ++n->calls;
     st->tokens = (int32_t)T;
     if (!expert) {
-        memset(n->h_expert, 0, (size_t)L * 4);
-        symm_recv_buffers recv;
-        SYMM_TRY(symm_variant_recv(v, &recv));
-        if (st->recv_rows) {
-            SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_recv_topk, recv.topk_idx, (size_t)st->recv_rows * K * 4, stream));
-            SYMM_CU(cu, cuStreamSynchronize(stream));
-        }
-        for (int64_t r = 0; r < (int64_t)st->recv_rows * K; r++)
-            if (n->h_recv_topk[r] >= 0)
-                n->h_expert[n->h_recv_topk[r]]++;
+        const int rows = st->recv_rows;
+        void *params[] = {&rb.topk_idx, (void *)&rows, &rb.expert_count};
+        SYMM_CU(cu, cuLaunchKernel(v->fn_count_experts, 1, 1, 1, 1024, 1, 1, 0, stream, params, NULL));
+    } else {
+        SYMM_CU(cu, cuMemcpyHtoDAsync(rb.expert_count, n->h_expert, (size_t)L * 4, stream));
+        SYMM_CU(cu, cuMemcpyHtoDAsync(rb.expert_offset, n->h_expert + L, (size_t)L * 4, stream));
     }
-    SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_EXPERT_COUNT].offset, n->h_expert,
-                                  (size_t)L * 4, stream));
-    if (expert)
-        SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_EXPERT_OFFSET].offset, n->h_expert + L,
-                                      (size_t)L * 4, stream));
     SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_STATE].offset, st, sizeof *st, stream));
-    /* The pinned buffers are reused by the next call. */
-    SYMM_CU(cu, cuStreamSynchronize(stream));
+    SYMM_CU(cu, cuEventRecord(n->done, stream));
     return SYMM_OK;
 }
 
@@ -334,27 +379,42 @@ symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args
     return st;
 }
 
+static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUstream stream)
+{
+    const symm_variant_desc *d = v->desc;
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_nccl_plan *p = &n->plan;
+    const symm_nccl_api *nc = n->api;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    /* Each chunk received from a peer goes back as one run of y; what comes
+     * back lands in packed order in the stage. */
+    SYMM_NCCL(nc, comm, ncclGroupStart());
+    for (int i = 0; i < p->n_recv; i++) {
+        const chunk c = n->recv_chunks[i];
+        if (c.peer != v->rank)
+            SYMM_NCCL(nc, comm, ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
+    }
+    for (int i = 0; i < p->n_send; i++) {
+        const chunk c = n->send_chunks[i];
+        if (c.peer != v->rank)
+            SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
+    }
+    SYMM_NCCL(nc, comm, ncclGroupEnd());
+    /* Into COMBINE_IN: this rank's own rows straight from y, the peers' from the stage. */
+    CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
+    SYMM_TRY(launch_move(v, (CUdeviceptr)y, n->d_self_dst, combine_in, n->d_stage_index + p->self_first * 4,
+                         p->self_rows, (int64_t)crow, stream));
+    SYMM_TRY(launch_move_others(v, n->d_stage, 0, combine_in, n->d_stage_index, (int64_t)crow, stream));
+    SYMM_TRY(symm_variant_launch_reduce(v, out, stream));
+    SYMM_CU(cu, cuEventRecord(n->done, stream));
+    return SYMM_OK;
+}
+
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream)
 {
     SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
-    const symm_variant_desc *d = v->desc;
-    struct symm_variant_nccl *n = v->nccl;
-    const symm_nccl_api *nc = n->api;
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
-    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
-    /* Each received chunk goes back as one run of y; what comes back lands
-     * in packed order in the stage. */
-    SYMM_NCCL(nc, comm, ncclGroupStart());
-    for (int i = 0; i < n->plan.n_recv; i++) {
-        const chunk c = n->recv_chunks[i];
-        SYMM_NCCL(nc, comm, ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
-    }
-    for (int i = 0; i < n->plan.n_send; i++) {
-        const chunk c = n->send_chunks[i];
-        SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
-    }
-    SYMM_NCCL(nc, comm, ncclGroupEnd());
-    CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
-    SYMM_TRY(launch_move(v, v->fn_scatter, n->d_stage, n->d_stage_index, combine_in, n->plan.packed, (int64_t)crow, stream));
-    return symm_variant_launch_reduce(v, out, stream);
+    return combine_steps(v, y, out, stream);
 }

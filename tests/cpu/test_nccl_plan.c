@@ -7,7 +7,8 @@
  * exactly the size of that sender's next chunk for it (NCCL send and receive
  * sizes must match). What lands (source rank, token, k; local top-k ids;
  * weights), the row counts, drops, invalid ids, expert counts and offsets,
- * and the route combine reads must equal symm_ref_dispatch's, for random
+ * the route combine reads and, for a rank's rows for itself (moved by a
+ * kernel, not NCCL), the received row of each must equal symm_ref_dispatch's, for random
  * configs, routings with masked, invalid and repeated ids, token counts from
  * 0 to max_tokens, and capacities below the worst case. */
 #include <criterion/criterion.h>
@@ -55,7 +56,7 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
         .send_index = zalloc(M * 4), .stage_index = zalloc(M * 4), .send_src = zalloc(M * 16),
         .send_topk = zalloc(M * K * 4), .send_weights = zalloc(M * K * 4), .expert = zalloc((size_t)2 * L * 4),
         .base = zalloc((size_t)2 * bins * 8), .send_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
-        .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
+        .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)), .self_dst = zalloc(M * 4),
     };
 }
 
@@ -63,7 +64,7 @@ static void plan_free(rank_plan *r)
 {
     void *bufs[] = {r->topk, r->weights, r->p.route, r->p.token_weights, r->p.send_index, r->p.stage_index,
                     r->p.send_src, r->p.send_topk, r->p.send_weights, r->p.expert, r->p.base, r->p.send_chunks,
-                    r->p.recv_chunks};
+                    r->p.recv_chunks, r->p.self_dst};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -150,6 +151,7 @@ static void one_world(uint64_t seed)
 
     /* The exchange: receiver p takes from sender s its chunks in order. */
     int next_send[MAX_W][MAX_W] = {{0}}; /* [s][p]: index into s's send chunks */
+    int64_t self_landed[MAX_W] = {0};
     for (int p = 0; p < W; p++) {
         const symm_nccl_plan *rp = &r[p].p;
         const symm_ref_recv *rf = &ref[p];
@@ -173,6 +175,17 @@ static void one_world(uint64_t seed)
                       (unsigned long long)seed);
             for (int64_t j = 0; j < rc.n; j++) {
                 const int64_t row = rc.row + j, from = sc.row + j;
+                if (rc.peer == p) {
+                    cr_assert(from >= sp->self_first && from < sp->self_first + sp->self_rows,
+                              "seed %llu: rank %d's packed row %lld for itself is outside its self rows [%lld, +%lld)",
+                              (unsigned long long)seed, p, (long long)from, (long long)sp->self_first,
+                              (long long)sp->self_rows);
+                    cr_assert_eq(sp->self_dst[from - sp->self_first], row,
+                                 "seed %llu: rank %d's packed row %lld for itself goes to row %d, lands at %lld",
+                                 (unsigned long long)seed, p, (long long)from, sp->self_dst[from - sp->self_first],
+                                 (long long)row);
+                    self_landed[p]++;
+                }
                 cr_assert_arr_eq(sp->send_src + from * 4, rf->src + row * 4, 16,
                                  "seed %llu: rank %d row %lld: src {%d, %d, %d} against the reference's {%d, %d, %d}",
                                  (unsigned long long)seed, p, (long long)row, sp->send_src[from * 4],
@@ -224,6 +237,8 @@ static void one_world(uint64_t seed)
         }
         cr_assert_eq(landed, kept, "seed %llu: rank %d: %lld rows landed, the reference kept %lld",
                      (unsigned long long)seed, p, (long long)landed, (long long)kept);
+        cr_assert_eq(self_landed[p], rp->self_rows, "seed %llu: rank %d: %lld of its rows for itself landed, it "
+                     "plans %lld", (unsigned long long)seed, p, (long long)self_landed[p], (long long)rp->self_rows);
         free(hist);
     }
     /* Nothing sent that nobody receives; every route entry is a landed row. */

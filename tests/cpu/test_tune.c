@@ -264,7 +264,7 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
     const char *names[] = {"bf16_rank_w2", "fp8_expert_a128_w2"};
     const char *kernels[3][3] = {{"symm_dispatch", "symm_dispatch_smem"},
                                  {"symm_combine", "symm_combine_smem"},
-                                 {"symm_reduce", "symm_gather_rows", "symm_scatter_rows"}};
+                                 {"symm_reduce", "symm_move_rows", "symm_count_experts"}};
     for (size_t v = 0; v < 2; v++) {
         char *src = read_variant(names[v]);
         const char *options[] = {"-std=c++17", "-default-device"};
