@@ -17,26 +17,31 @@ static bool valid_entry(const int32_t *ids, int k, int experts)
 int symm_nccl_plan_count(symm_nccl_plan *p, int T)
 {
     const int W = p->world, K = p->topk, E = p->experts, L = E / W;
-    const bool expert = p->expert_layout;
+    const bool expert = p->expert_layout, weights = p->weights;
+    const int per = expert ? K : W;
+    const int32_t *topk = p->topk_idx;
+    const float *topk_weights = p->topk_weights;
+    float *token_weights = p->token_weights;
+    int32_t *routes = p->route;
     int32_t *row = p->counts + (size_t)p->rank * p->bins;
     memset(row, 0, (size_t)p->bins * sizeof *row);
     int invalid = 0;
     for (int t = 0; t < T; t++) {
-        const int32_t *ids = p->topk_idx + (size_t)t * K;
-        int32_t *route = p->route + (size_t)t * (expert ? K : W);
-        for (int i = 0; i < (expert ? K : W); i++)
+        const int32_t *ids = topk + (size_t)t * K;
+        int32_t *route = routes + (size_t)t * per;
+        for (int i = 0; i < per; i++)
             route[i] = -1;
         for (int k = 0; k < K; k++) {
             const int e = ids[k];
             if (!valid_entry(ids, k, E)) {
                 invalid += e != -1;
                 if (expert)
-                    p->token_weights[(size_t)t * K + k] = 0.0f;
+                    token_weights[(size_t)t * K + k] = 0.0f;
                 continue;
             }
             if (expert) {
                 route[k] = row[e]++;
-                p->token_weights[(size_t)t * K + k] = p->weights ? p->topk_weights[(size_t)t * K + k] : 0.0f;
+                token_weights[(size_t)t * K + k] = weights ? topk_weights[(size_t)t * K + k] : 0.0f;
             } else if (route[e / L] < 0) {
                 route[e / L] = row[e / L]++;
             }
@@ -93,8 +98,9 @@ static void bases(symm_nccl_plan *p)
 }
 
 /* Pack this rank's kept rows per chunk (chunks ascending, tokens ascending
- * within one), fill the send metadata, the COMBINE_IN slot of each packed
- * row and the final route. A (token, bin)'s index among this rank's rows for
+ * within one): the token, source and COMBINE_IN slot of each packed row
+ * (the rest of its metadata comes from the top-k arrays on the GPU:
+ * symm_pack_meta in the template) and the final route. A (token, bin)'s index among this rank's rows for
  * its chunk grows with the token, so a chunk keeps its first rows (those
  * below the capacity at the destination) and each lands at its chunk's start
  * plus that index: one pass over the tokens. */
@@ -122,42 +128,33 @@ static void pack(symm_nccl_plan *p, int T)
         packed += kept;
         dropped += mine[c] - kept;
     }
+    const int per = expert ? K : W;
+    const int64_t cap = p->capacity;
+    const int32_t *topk = p->topk_idx;
+    int32_t *send_index = p->send_index, *stage_index = p->stage_index, *send_src = p->send_src;
+    int32_t *self_dst = p->self_dst;
+    const int64_t self_first = p->self_first;
+    const int max_tokens = p->max_tokens;
     for (int t = 0; t < T; t++) {
-        const int32_t *ids = p->topk_idx + (size_t)t * K;
-        int32_t *route = p->route + (size_t)t * (expert ? K : W);
-        /* Layout rank: each entry's rank, or -1 where it is not valid (topk <= 16). */
-        int owner[32];
-        if (!expert)
-            for (int k = 0; k < K; k++)
-                owner[k] = valid_entry(ids, k, p->experts) ? ids[k] / L : -1;
-        for (int slot = 0; slot < (expert ? K : W); slot++) {
+        const int32_t *ids = topk + (size_t)t * K;
+        int32_t *route = p->route + (size_t)t * per;
+        for (int slot = 0; slot < per; slot++) {
             if (route[slot] < 0)
                 continue;
             const int c = expert ? ids[slot] : slot;
             const int64_t dest_row = base[c] + route[slot];
-            if (dest_row >= p->capacity) {
+            if (dest_row >= cap) {
                 route[slot] = -1;
                 continue;
             }
             const int64_t at = first[c] + route[slot];
             route[slot] = (int32_t)dest_row;
             if ((expert ? c / L : c) == me)
-                p->self_dst[at - p->self_first] = (int32_t)dest_row;
-            p->send_index[at] = t;
-            p->stage_index[at] = expert ? t * K + slot : slot * p->max_tokens + t;
-            int32_t *src = p->send_src + at * 4;
+                self_dst[at - self_first] = (int32_t)dest_row;
+            send_index[at] = t;
+            stage_index[at] = expert ? t * K + slot : slot * max_tokens + t;
+            int32_t *src = send_src + at * 4;
             src[0] = me, src[1] = t, src[2] = expert ? slot : -1, src[3] = 0;
-            if (expert) {
-                if (p->weights)
-                    p->send_weights[at] = p->topk_weights[(size_t)t * K + slot];
-            } else {
-                for (int k = 0; k < K; k++) {
-                    const bool local = owner[k] == slot;
-                    p->send_topk[at * K + k] = local ? ids[k] - slot * L : -1;
-                    if (p->weights)
-                        p->send_weights[at * K + k] = local ? p->topk_weights[(size_t)t * K + k] : 0.0f;
-                }
-            }
         }
     }
     p->packed = packed;

@@ -42,8 +42,6 @@ typedef struct symm_nccl_plan {
     int32_t *send_index;            /* [M]: token of each packed row */
     int32_t *stage_index;           /* [M]: COMBINE_IN slot of each packed row */
     int32_t *send_src;              /* [M, 4]: recv_src of each packed row */
-    int32_t *send_topk;             /* [M, topk]: layout rank, recv_topk_idx of each packed row */
-    float *send_weights;            /* [M, topk] (rank) or [M] (expert), with weights */
     int32_t *expert;                /* [2, L]: layout expert: per local expert its count, offset */
     int64_t *base;                  /* [2 * bins]: scratch */
     symm_nccl_chunk *send_chunks;   /* [world * (expert ? L : 1)] */
@@ -66,7 +64,7 @@ typedef struct symm_nccl_plan {
 int symm_nccl_plan_count(symm_nccl_plan *p, int T);
 
 /* With every rank's count row in counts: the pack (send_index, stage_index,
- * send_src, send_topk, send_weights; the route rewritten to destination rows,
+ * send_src; the route rewritten to destination rows,
  * -1 where dropped), the send and receive chunks, this rank's rows for
  * itself (self_first, self_rows, self_dst), recv_rows, the drops and
  * (layout expert) expert. */

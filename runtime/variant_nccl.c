@@ -42,8 +42,6 @@ struct symm_variant_nccl {
     int32_t *h_send_index;   /* [max_send]: token of each packed row */
     int32_t *h_stage_index;  /* [max_send]: COMBINE_IN slot of each packed row */
     int32_t *h_send_src;     /* [max_send, 4] */
-    int32_t *h_send_topk;    /* [max_send, topk] (layout rank) */
-    float *h_send_weights;   /* [max_send, topk] or [max_send] */
     int32_t *h_route;        /* [max_tokens, world or topk] */
     float *h_token_weights;  /* [max_tokens, topk] */
     int32_t *h_expert;       /* [2, local experts]: count, offset */
@@ -109,8 +107,6 @@ static symm_status nccl_buffers(symm_variant *v)
     SYMM_TRY(host_alloc(cu, &n->h_send_index, S * 4));
     SYMM_TRY(host_alloc(cu, &n->h_stage_index, S * 4));
     SYMM_TRY(host_alloc(cu, &n->h_send_src, S * 16));
-    SYMM_TRY(host_alloc(cu, &n->h_send_topk, S * K * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_send_weights, S * K * 4));
     SYMM_TRY(host_alloc(cu, &n->h_route, T * (size_t)(expert ? K : W) * 4));
     SYMM_TRY(host_alloc(cu, &n->h_token_weights, T * K * 4));
     SYMM_TRY(host_alloc(cu, &n->h_expert, (size_t)2 * L * 4));
@@ -132,8 +128,7 @@ static symm_status nccl_buffers(symm_variant *v)
         .align = d->align, .expert_layout = expert, .weights = d->weights != 0, .capacity = d->capacity,
         .bins = n->bins, .topk_idx = n->h_topk, .topk_weights = n->h_weights, .counts = n->h_counts,
         .route = n->h_route, .token_weights = n->h_token_weights, .send_index = n->h_send_index,
-        .stage_index = n->h_stage_index, .send_src = n->h_send_src, .send_topk = n->h_send_topk,
-        .send_weights = n->h_send_weights, .expert = n->h_expert, .base = n->base,
+        .stage_index = n->h_stage_index, .send_src = n->h_send_src, .expert = n->h_expert, .base = n->base,
         .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks, .self_dst = n->h_self_dst,
     };
     return SYMM_OK;
@@ -147,7 +142,7 @@ void symm_variant_nccl_release(symm_variant *v)
         return;
     if (symm_cuda(&cu) == SYMM_OK) {
         void *hosts[] = {n->h_topk, n->h_weights, n->h_counts, n->h_send_index, n->h_stage_index,
-                         n->h_send_src, n->h_send_topk, n->h_send_weights, n->h_route,
+                         n->h_send_src, n->h_route,
                          n->h_token_weights, n->h_expert, n->h_self_dst, n->h_state};
         for (size_t i = 0; i < SYMM_ARRAY_LEN(hosts); i++)
             if (hosts[i])
@@ -332,10 +327,15 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_stage_index, n->h_stage_index, (size_t)P * 4, stream));
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_self_dst, n->h_self_dst, (size_t)plan->self_rows * 4, stream));
     SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_src, n->h_send_src, (size_t)P * 16, stream));
-    if (!expert)
-        SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_topk, n->h_send_topk, (size_t)P * K * 4, stream));
-    if (d->weights)
-        SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_weights, n->h_send_weights, (size_t)P * wrow, stream));
+    if (P > 0 && (!expert || d->weights)) {
+        /* The rest of the rows' metadata, from the caller's top-k arrays. */
+        CUdeviceptr topk = (CUdeviceptr)a->topk_idx, weights = (CUdeviceptr)a->topk_weights;
+        int64_t rows = P;
+        void *params[] = {&topk, &weights, &n->d_send_index, &n->d_stage_index, &rows, &n->d_send_topk,
+                          &n->d_send_weights};
+        SYMM_CU(cu, cuLaunchKernel(v->fn_pack_meta, (unsigned)((P + 255) / 256 < 4096 ? (P + 255) / 256 : 4096), 1, 1,
+                                   256, 1, 1, 0, stream, params, NULL));
+    }
     const symm_region_desc *route = &d->regions[SYMM_REGION_TOKEN_ROUTE];
     SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + route->offset, n->h_route, (size_t)T * (expert ? K : W) * 4, stream));
     if (expert && d->weights)

@@ -54,7 +54,7 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
         .topk_idx = r->topk, .topk_weights = r->weights, .counts = counts,
         .route = zalloc((size_t)T * (expert ? K : W) * 4), .token_weights = zalloc((size_t)T * K * 4),
         .send_index = zalloc(M * 4), .stage_index = zalloc(M * 4), .send_src = zalloc(M * 16),
-        .send_topk = zalloc(M * K * 4), .send_weights = zalloc(M * K * 4), .expert = zalloc((size_t)2 * L * 4),
+        .expert = zalloc((size_t)2 * L * 4),
         .base = zalloc((size_t)2 * bins * 8), .send_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
         .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)), .self_dst = zalloc(M * 4),
     };
@@ -63,7 +63,7 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
 static void plan_free(rank_plan *r)
 {
     void *bufs[] = {r->topk, r->weights, r->p.route, r->p.token_weights, r->p.send_index, r->p.stage_index,
-                    r->p.send_src, r->p.send_topk, r->p.send_weights, r->p.expert, r->p.base, r->p.send_chunks,
+                    r->p.send_src, r->p.expert, r->p.base, r->p.send_chunks,
                     r->p.recv_chunks, r->p.self_dst};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -88,6 +88,30 @@ static void random_row(moe_rng *g, const symm_ref_config *c, int32_t *row, int m
             row[k] = moe_rng_int(g, 2) ? E + moe_rng_int(g, 5) : -2 - moe_rng_int(g, 5);
         else if (mode == 2 && u == 4 && k > 0)
             row[k] = row[moe_rng_int(g, k)];
+    }
+}
+
+/* The rule of symm_pack_meta (templates/variant.cu.in), which fills the
+ * rest of a packed row's metadata on the GPU from the caller's top-k arrays,
+ * its token (send_index) and its COMBINE_IN slot (stage_index): layout rank,
+ * the local ids at the destination and their weights; layout expert, the
+ * weight of its k. */
+static void pack_meta(const symm_ref_config *c, const rank_plan *r, int64_t i, int32_t *topk, float *w)
+{
+    const int K = c->topk, L = c->experts / c->world;
+    const int32_t slot = r->p.stage_index[i];
+    if (c->layout == SYMM_LAYOUT_EXPERT) {
+        w[0] = c->weights ? r->weights[slot] : 0.0f;
+        return;
+    }
+    const int t = r->p.send_index[i], dest = slot / c->max_tokens;
+    const int32_t *ids = r->topk + (size_t)t * K;
+    for (int k = 0; k < K; k++) {
+        bool local = ids[k] >= 0 && ids[k] < c->experts && ids[k] / L == dest;
+        for (int j = 0; j < k; j++)
+            local = local && ids[j] != ids[k];
+        topk[k] = local ? ids[k] - dest * L : -1;
+        w[k] = local && c->weights ? r->weights[(size_t)t * K + k] : 0.0f;
     }
 }
 
@@ -193,15 +217,18 @@ static void one_world(uint64_t seed)
                                  rf->src[row * 4 + 1], rf->src[row * 4 + 2]);
                 const int t = sp->send_src[from * 4 + 1];
                 cr_assert_eq(sp->send_index[from], t, "seed %llu: send_index", (unsigned long long)seed);
+                int32_t meta_topk[16];
+                float meta_w[16];
+                pack_meta(&c, &r[rc.peer], from, meta_topk, meta_w);
                 if (!expert) {
-                    cr_assert_arr_eq(sp->send_topk + from * K, rf->topk_idx + row * K, (size_t)K * 4,
+                    cr_assert_arr_eq(meta_topk, rf->topk_idx + row * K, (size_t)K * 4,
                                      "seed %llu: rank %d row %lld: local top-k ids", (unsigned long long)seed, p,
                                      (long long)row);
                     for (int e = 0; e < K; e++)
-                        if (sp->send_topk[from * K + e] >= 0)
-                            hist[sp->send_topk[from * K + e]]++;
+                        if (meta_topk[e] >= 0)
+                            hist[meta_topk[e]]++;
                     if (c.weights)
-                        cr_assert_arr_eq(sp->send_weights + from * K, rf->weights + row * K, (size_t)K * 4,
+                        cr_assert_arr_eq(meta_w, rf->weights + row * K, (size_t)K * 4,
                                          "seed %llu: rank %d row %lld: weights", (unsigned long long)seed, p,
                                          (long long)row);
                     cr_assert_eq(sp->route[(size_t)t * W + p], row, "seed %llu: route of %d's token %d to %d",
@@ -210,7 +237,7 @@ static void one_world(uint64_t seed)
                 } else {
                     const int kk = sp->send_src[from * 4 + 2];
                     if (c.weights)
-                        cr_assert_eq(sp->send_weights[from], rf->weights[row], "seed %llu: rank %d row %lld: weight",
+                        cr_assert_eq(meta_w[0], rf->weights[row], "seed %llu: rank %d row %lld: weight",
                                      (unsigned long long)seed, p, (long long)row);
                     cr_assert_eq(sp->route[(size_t)t * K + kk], row, "seed %llu: route of %d's (%d, %d)",
                                  (unsigned long long)seed, rc.peer, t, kk);
