@@ -1617,13 +1617,17 @@ static void fill_main_table(const bench *b, table *t)
             continue;
         }
         const stat2 d = r->dispatch, c = r->combine;
+        /* A row where nothing crosses (h) has no rate, and copies of nothing
+         * are no baseline: those cells stay "-". */
+        const bool moves = r->remote_mean > 0;
         cell(t, n, 4, "%s", pair(buf, true, d.p50, d.p90, 1));
         cell(t, n, 5, "%s", pair(buf, true, c.p50, c.p90, 1));
-        cell(t, n, 7, "%.0f", gbs(r->remote_mean, d.p50));
-        cell(t, n, 8, "%.0f", gbs(r->remote_mean, c.p50));
-        cell(t, n, 9, "%s", pair(buf, r->ceiling_ok, 100 * r->ceiling.p50 / d.p50, 100 * r->ceiling.p50 / c.p50, 0));
+        cell(t, n, 7, "%s", num(buf, moves, gbs(r->remote_mean, d.p50), 0));
+        cell(t, n, 8, "%s", num(buf, moves, gbs(r->remote_mean, c.p50), 0));
+        cell(t, n, 9, "%s", pair(buf, moves && r->ceiling_ok, 100 * r->ceiling.p50 / d.p50,
+                                 100 * r->ceiling.p50 / c.p50, 0));
         cell(t, n, 10, "%s", pair(buf, r->nccl_ok, r->nccl_dispatch.p50 / d.p50, r->nccl_combine.p50 / c.p50, 2));
-        cell(t, n, 11, "%s", pair(buf, r->raw_ok, r->raw.p50 / d.p50, r->raw.p50 / c.p50, 2));
+        cell(t, n, 11, "%s", pair(buf, moves && r->raw_ok, r->raw.p50 / d.p50, r->raw.p50 / c.p50, 2));
     }
 }
 
@@ -1643,7 +1647,7 @@ static void fill_baseline_table(const bench *b, table *t)
             continue;
         const int n = t->nrows++;
         char buf[CELL];
-        const bool nccl = r->nccl_ok;
+        const bool nccl = r->nccl_ok, moves = r->remote_mean > 0;
         cell(t, n, 0, "%s", r->spec->id);
         cell(t, n, 1, "%d", r->spec->tokens);
         cell(t, n, 2, "%d", r->calls);
@@ -1652,13 +1656,13 @@ static void fill_baseline_table(const bench *b, table *t)
         const char *nccl_failed = r->have_nccl && !nccl ? "FAIL" : NULL;
         cell(t, n, 5, "%s", nccl_failed ? nccl_failed : pair(buf, nccl, r->nccl_dispatch.p50, r->nccl_dispatch.p90, 1));
         cell(t, n, 6, "%s", nccl_failed ? nccl_failed : pair(buf, nccl, r->nccl_combine.p50, r->nccl_combine.p90, 1));
-        cell(t, n, 7, "%s", pair(buf, nccl, gbs(r->remote_mean, r->nccl_dispatch.p50),
+        cell(t, n, 7, "%s", pair(buf, nccl && moves, gbs(r->remote_mean, r->nccl_dispatch.p50),
                                  gbs(r->remote_mean, r->nccl_combine.p50), 0));
         cell(t, n, 8, "%s", pair(buf, r->raw_ok, r->raw.p50, r->raw.p90, 1));
-        cell(t, n, 9, "%s", num(buf, r->raw_ok, gbs(r->remote_mean, r->raw.p50), 0));
+        cell(t, n, 9, "%s", num(buf, r->raw_ok && moves, gbs(r->remote_mean, r->raw.p50), 0));
         cell(t, n, 10, "%s", r->raw_ok ? (r->raw_graph ? "graph" : "plain calls") : "-");
         cell(t, n, 11, "%s", pair(buf, r->ceiling_ok, r->ceiling.p50, r->ceiling.p90, 1));
-        cell(t, n, 12, "%s", num(buf, r->ceiling_ok, gbs(r->remote_mean, r->ceiling.p50), 0));
+        cell(t, n, 12, "%s", num(buf, r->ceiling_ok && moves, gbs(r->remote_mean, r->ceiling.p50), 0));
         cell(t, n, 13, "%.0f", r->create_ms);
     }
 }
@@ -1741,23 +1745,24 @@ static void csv_row(FILE *f, const row_result *r)
     const symm_variant_desc *d = r->desc;
     const double m = r->remote_mean;
     const stat2 dp = r->dispatch, cb = r->combine;
-    const bool ours = r->ours_ok, nc = r->nccl_ok, raw = r->raw_ok, ceil = r->ceiling_ok;
+    const bool ours = r->ours_ok, nc = r->nccl_ok, raw = r->raw_ok, ceil = r->ceiling_ok, moves = m > 0;
     fprintf(f, "%s,%c,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%s,%s,%.3f,%.3f", r->spec->id, r->spec->id[0], d->name,
             d->layout == SYMM_LAYOUT_EXPERT ? "expert" : "rank", routing_names[r->spec->route], r->spec->tokens,
             r->calls, d->sms, d->hidden, d->topk, d->experts, d->world, ours ? "ok" : "FAIL",
             ours && r->ours_mode ? r->ours_mode : "", m / 1e6, r->remote_max / 1e6);
     csv_num(f, ours, dp.p50), csv_num(f, ours, dp.p90), csv_num(f, ours, cb.p50), csv_num(f, ours, cb.p90);
-    csv_num(f, ours, gbs(m, dp.p50)), csv_num(f, ours, gbs(m, cb.p50));
+    csv_num(f, ours && moves, gbs(m, dp.p50)), csv_num(f, ours && moves, gbs(m, cb.p50));
     fprintf(f, ",%s", !r->have_nccl ? "" : nc ? "ok" : "FAIL");
     csv_num(f, nc, r->nccl_dispatch.p50), csv_num(f, nc, r->nccl_dispatch.p90);
     csv_num(f, nc, r->nccl_combine.p50), csv_num(f, nc, r->nccl_combine.p90);
-    csv_num(f, nc, gbs(m, r->nccl_dispatch.p50)), csv_num(f, nc, gbs(m, r->nccl_combine.p50));
+    csv_num(f, nc && moves, gbs(m, r->nccl_dispatch.p50)), csv_num(f, nc && moves, gbs(m, r->nccl_combine.p50));
     fprintf(f, ",%s", raw ? (r->raw_graph ? "graph" : "plain") : "");
-    csv_num(f, raw, r->raw.p50), csv_num(f, raw, r->raw.p90), csv_num(f, raw, gbs(m, r->raw.p50));
-    csv_num(f, ceil, r->ceiling.p50), csv_num(f, ceil, r->ceiling.p90), csv_num(f, ceil, gbs(m, r->ceiling.p50));
-    csv_num(f, ours && ceil, 100 * r->ceiling.p50 / dp.p50), csv_num(f, ours && ceil, 100 * r->ceiling.p50 / cb.p50);
+    csv_num(f, raw, r->raw.p50), csv_num(f, raw, r->raw.p90), csv_num(f, raw && moves, gbs(m, r->raw.p50));
+    csv_num(f, ceil, r->ceiling.p50), csv_num(f, ceil, r->ceiling.p90), csv_num(f, ceil && moves, gbs(m, r->ceiling.p50));
+    csv_num(f, ours && ceil && moves, 100 * r->ceiling.p50 / dp.p50),
+        csv_num(f, ours && ceil && moves, 100 * r->ceiling.p50 / cb.p50);
     csv_num(f, ours && nc, r->nccl_dispatch.p50 / dp.p50), csv_num(f, ours && nc, r->nccl_combine.p50 / cb.p50);
-    csv_num(f, ours && raw, r->raw.p50 / dp.p50), csv_num(f, ours && raw, r->raw.p50 / cb.p50);
+    csv_num(f, ours && raw && moves, r->raw.p50 / dp.p50), csv_num(f, ours && raw && moves, r->raw.p50 / cb.p50);
     csv_num(f, true, r->sym_mib), csv_num(f, true, r->create_ms);
     csv_num(f, ours && r->pair_ok, r->pair.p50), csv_num(f, ours && r->pair_ok, r->pair.p90);
     /* The note is free text: keep it one CSV field. */
