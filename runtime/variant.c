@@ -423,10 +423,11 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     return st;
 }
 
-symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stream)
+symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUstream stream)
 {
     kernel_args k;
     base_args(v, &k);
+    k.y = (CUdeviceptr)y;
     k.out = (CUdeviceptr)out;
     return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream, false,
                   "combine: launch of symm_reduce");

@@ -82,7 +82,8 @@ void symm_variant_nccl_release(symm_variant *v);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 
-/* variant.c: launch symm_reduce (the sum of combine over COMBINE_IN) into out. */
-symm_status symm_variant_launch_reduce(symm_variant *v, void *out, CUstream stream);
+/* variant.c: launch symm_reduce (the sum of combine: the peers' rows from
+ * COMBINE_IN, this rank's own from y with layout rank) into out. */
+symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUstream stream);
 
 #endif

@@ -12,8 +12,9 @@
  * expert) for layout expert) with one send/receive per array. This rank's
  * rows for itself never go through NCCL: one kernel moves them from x
  * straight to their received rows. Combine sends each received chunk of y
- * back as one contiguous run, moves what comes back (and this rank's own
- * rows, straight from y) into COMBINE_IN and runs the native sum. Dispatch
+ * back as one contiguous run, moves what comes back into COMBINE_IN and runs
+ * the native sum, which reads this rank's own rows from y (layout expert:
+ * they move from y to COMBINE_IN first). Dispatch
  * returns once its work is queued; the next dispatch waits for the last
  * call's work before it reuses the host buffers. Because the host waits
  * inside dispatch, a call during stream capture is refused. */
@@ -403,12 +404,15 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
             SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     SYMM_NCCL(nc, comm, ncclGroupEnd());
-    /* Into COMBINE_IN: this rank's own rows straight from y, the peers' from the stage. */
+    /* Into COMBINE_IN: the peers' rows from the stage; this rank's own are
+     * read from y by the sum (layout rank) or moved there straight from y
+     * (layout expert, whose route does not say which rows are its own). */
     CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
-    SYMM_TRY(launch_move(v, (CUdeviceptr)y, n->d_self_dst, combine_in, n->d_stage_index + p->self_first * 4,
-                         p->self_rows, (int64_t)crow, stream));
+    if (d->layout == SYMM_LAYOUT_EXPERT)
+        SYMM_TRY(launch_move(v, (CUdeviceptr)y, n->d_self_dst, combine_in, n->d_stage_index + p->self_first * 4,
+                             p->self_rows, (int64_t)crow, stream));
     SYMM_TRY(launch_move_others(v, n->d_stage, 0, combine_in, n->d_stage_index, (int64_t)crow, stream));
-    SYMM_TRY(symm_variant_launch_reduce(v, out, stream));
+    SYMM_TRY(symm_variant_launch_reduce(v, y, out, stream));
     SYMM_CU(cu, cuEventRecord(n->done, stream));
     return SYMM_OK;
 }
