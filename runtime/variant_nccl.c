@@ -193,12 +193,9 @@ static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdevicep
     if (blocks > 4096)
         blocks = 4096;
     void *params[] = {&src, &src_index, &dst, &dst_index, &rows, &row_bytes};
-    symm_status st = symm_cuda_check(cu->cuLaunchKernel(v->fn_move, (unsigned)blocks, 1, 1, WARPS * 32, 1, 1, 0,
-                                                        stream, params, NULL),
-                                     "NCCL backend: row move launch");
-    if (st != SYMM_OK)
-        symm_fail_context(st, "%s: ", v->desc->name);
-    return st;
+    return symm_cuda_check(cu->cuLaunchKernel(v->fn_move, (unsigned)blocks, 1, 1, WARPS * 32, 1, 1, 0, stream,
+                                              params, NULL),
+                           "launch of symm_move_rows");
 }
 
 /* Packed rows [0, P) but this rank's own, which stay out of NCCL's way: the
@@ -420,5 +417,8 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream)
 {
     SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
-    return combine_steps(v, y, out, stream);
+    symm_status st = combine_steps(v, y, out, stream);
+    if (st != SYMM_OK)
+        symm_fail_context(st, "%s combine (NCCL backend): ", v->desc->name);
+    return st;
 }
