@@ -3,22 +3,13 @@
 
 #include "nccl_plan.h"
 
-/* Whether entry k of a token's ids is valid: in [0, E) and no repeat of an
- * earlier entry of the row (as the kernels' classify). */
-static bool valid_entry(const int32_t *ids, int k, int experts)
-{
-    const int e = ids[k];
-    bool valid = e >= 0 && e < experts;
-    for (int j = 0; j < k && valid; j++)
-        valid = ids[j] != e;
-    return valid;
-}
-
 int symm_nccl_plan_count(symm_nccl_plan *p, int T)
 {
     const int W = p->world, K = p->topk, E = p->experts, L = E / W;
     const bool expert = p->expert_layout, weights = p->weights;
     const int per = expert ? K : W;
+    /* e / L as a multiply: exact for e and L below 2^16 (experts <= 8192). */
+    const uint64_t inv = ((uint64_t)1 << 32) / (uint64_t)L + 1;
     const int32_t *topk = p->topk_idx;
     const float *topk_weights = p->topk_weights;
     float *token_weights = p->token_weights;
@@ -33,7 +24,12 @@ int symm_nccl_plan_count(symm_nccl_plan *p, int T)
             route[i] = -1;
         for (int k = 0; k < K; k++) {
             const int e = ids[k];
-            if (!valid_entry(ids, k, E)) {
+            /* Valid: in [0, E) and no repeat of an earlier entry of the row
+             * (as the kernels' classify). */
+            bool repeat = false;
+            for (int j = 0; j < k; j++)
+                repeat |= ids[j] == e;
+            if (e < 0 || e >= E || repeat) {
                 invalid += e != -1;
                 if (expert)
                     token_weights[(size_t)t * K + k] = 0.0f;
@@ -42,8 +38,14 @@ int symm_nccl_plan_count(symm_nccl_plan *p, int T)
             if (expert) {
                 route[k] = row[e]++;
                 token_weights[(size_t)t * K + k] = weights ? topk_weights[(size_t)t * K + k] : 0.0f;
-            } else if (route[e / L] < 0) {
-                route[e / L] = row[e / L]++;
+            } else {
+                /* The token's first row for rank r; no branch on it (its
+                 * outcome is random). */
+                const int r = (int)(((uint64_t)(uint32_t)e * inv) >> 32);
+                const int32_t old = route[r], next = row[r];
+                const bool first = old < 0;
+                route[r] = first ? next : old;
+                row[r] = next + first;
             }
         }
     }
