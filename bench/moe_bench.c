@@ -94,6 +94,7 @@ static const row_spec matrix[] = {
     {"g.decode", "bench_dsv3_decode_expert", 128, ROUTE_UNIFORM},
     {"h.prefill", "bench_dsv3_prefill", 4096, ROUTE_LOCAL},
     {"h.decode", "bench_dsv3_decode", 128, ROUTE_LOCAL},
+    {"h.expert", "bench_dsv3_prefill_expert", 4096, ROUTE_LOCAL},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -125,8 +126,8 @@ static void usage(FILE *f)
             "  --markdown PATH  write the final tables in Markdown (rank 0), for bench/RESULTS.md\n"
             "  --groups LIST    only these row groups, letters a..h separated by commas (default all):\n"
             "                   a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM budgets,\n"
-            "                   g layout expert, h fixed costs (a and b with every token routed to\n"
-            "                   its own rank: no row crosses)\n"
+            "                   g layout expert, h fixed costs (a, b and g.prefill with every token\n"
+            "                   routed to its own rank: no row crosses)\n"
             "  --reps N         timed repetitions per measurement (default %d, at least %d for\n"
             "                   numbers worth reporting)\n"
             "  --warmup N       untimed repetitions before them (default 5)\n"

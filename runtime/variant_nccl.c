@@ -13,8 +13,7 @@
  * rows for itself never go through NCCL: one kernel moves them from x
  * straight to their received rows. Combine sends each received chunk of y
  * back as one contiguous run, moves what comes back into COMBINE_IN and runs
- * the native sum, which reads this rank's own rows from y (layout expert:
- * they move from y to COMBINE_IN first). Dispatch
+ * the native sum, which reads this rank's own rows from y. Dispatch
  * returns once its work is queued; the next dispatch waits for the last
  * call's work before it reuses the host buffers. Because the host waits
  * inside dispatch, a call during stream capture is refused. */
@@ -339,6 +338,15 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     if (expert && d->weights)
         SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_TOKEN_WEIGHTS].offset, n->h_token_weights,
                                       (size_t)T * K * 4, stream));
+    if (expert && T > 0) {
+        /* Which rank holds each (token, k)'s row: the sum reads its own from y. */
+        CUdeviceptr topk = (CUdeviceptr)a->topk_idx, routes = v->scratch + route->offset;
+        int tokens = (int)T;
+        void *params[] = {&topk, &routes, &tokens};
+        const int64_t entries = T * K;
+        SYMM_CU(cu, cuLaunchKernel(v->fn_copy_ranks, (unsigned)((entries + 255) / 256 < 4096 ? (entries + 255) / 256 : 4096),
+                                   1, 1, 256, 1, 1, 0, stream, params, NULL));
+    }
     symm_recv_buffers rb;
     SYMM_TRY(symm_variant_recv(v, &rb));
     SYMM_TRY(move_packed(v, (CUdeviceptr)a->x, n->d_send_index, n->d_send_x, rb.x, (int64_t)xrow, stream));
@@ -401,13 +409,9 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
             SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     SYMM_NCCL(nc, comm, ncclGroupEnd());
-    /* Into COMBINE_IN: the peers' rows from the stage; this rank's own are
-     * read from y by the sum (layout rank) or moved there straight from y
-     * (layout expert, whose route does not say which rows are its own). */
+    /* Into COMBINE_IN: the peers' rows from the stage; the sum reads this
+     * rank's own from y. */
     CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
-    if (d->layout == SYMM_LAYOUT_EXPERT)
-        SYMM_TRY(launch_move(v, (CUdeviceptr)y, n->d_self_dst, combine_in, n->d_stage_index + p->self_first * 4,
-                             p->self_rows, (int64_t)crow, stream));
     SYMM_TRY(launch_move_others(v, n->d_stage, 0, combine_in, n->d_stage_index, (int64_t)crow, stream));
     SYMM_TRY(symm_variant_launch_reduce(v, y, out, stream));
     SYMM_CU(cu, cuEventRecord(n->done, stream));
