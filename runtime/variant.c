@@ -275,11 +275,16 @@ symm_status symm_variant_destroy(symm_variant *v)
     if (!v)
         return SYMM_OK;
     const symm_cuda_api *cu;
+    /* NCCL's kernels wait for peers without a timeout: a peer that is gone
+     * would keep the synchronisation below waiting for ever. */
+    symm_status quiet = v->nccl ? symm_variant_nccl_quiesce(v) : SYMM_OK;
+    if (quiet != SYMM_OK)
+        symm_fail_context(quiet, "symm_variant_destroy: %s (everything is released): ", v->desc->name);
     symm_status st = symm_cuda(&cu);
     if (st == SYMM_OK)
         st = symm_cuda_check(cu->cuCtxSynchronize(), "symm_variant_destroy: cuCtxSynchronize");
     release(v);
-    return st;
+    return quiet != SYMM_OK ? quiet : st;
 }
 
 const symm_variant_desc *symm_variant_describe(const symm_variant *v) { return v ? v->desc : NULL; }

@@ -79,6 +79,10 @@ symm_status symm_variant_nccl_setup(symm_variant *v);
 /* SYMM_ERR_STATE when stream is capturing (the NCCL backend waits on the host). */
 symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream stream, const char *op);
 void symm_variant_nccl_release(symm_variant *v);
+/* Wait (at most the variant's timeout) for the NCCL backend's last call; on
+ * a timeout its communicator is aborted, which lets NCCL's kernels on this
+ * GPU return, and SYMM_ERR_TIMEOUT comes back. SYMM_OK without the backend. */
+symm_status symm_variant_nccl_quiesce(symm_variant *v);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 

@@ -16,9 +16,18 @@
  * the native sum, which reads this rank's own rows from y. Dispatch
  * returns once its work is queued; the next dispatch waits for the last
  * call's work before it reuses the host buffers. Because the host waits
- * inside dispatch, a call during stream capture is refused. */
+ * inside dispatch, a call during stream capture is refused.
+ *
+ * Every host wait polls, watching NCCL's asynchronous error and the
+ * variant's timeout: when a peer does not arrive, the call fails with
+ * SYMM_ERR_TIMEOUT, the communicator is aborted (which releases NCCL's
+ * kernels still waiting on this GPU), and every later call fails at once
+ * with the same error until the variant is destroyed. */
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 #include "nccl_api.h"
@@ -56,6 +65,8 @@ struct symm_variant_nccl {
     chunk *send_chunks, *recv_chunks;
     int64_t *base;       /* [2 * bins]: the plan's scratch */
     uint64_t calls;
+    symm_status failed;  /* a wait timed out or NCCL failed: later calls fail with this */
+    char failure[512];   /* ... and this message */
 };
 
 static symm_status host_alloc(const symm_cuda_api *cu, void *out, size_t bytes)
@@ -178,6 +189,73 @@ symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream str
     return SYMM_OK;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* After a failed wait: no more NCCL calls on this communicator. Aborting it
+ * makes NCCL's kernels that still wait for a peer on this GPU return. */
+static symm_status fail_sticky(symm_variant *v, symm_status st)
+{
+    struct symm_variant_nccl *n = v->nccl;
+    n->failed = st;
+    snprintf(n->failure, sizeof n->failure, "%s", symm_last_error());
+    if (n->comm) {
+        symm_nccl_abort(n->comm);
+        n->comm = NULL;
+    }
+    return symm_fail(st, "%s", n->failure);
+}
+
+/* Wait until the stream's work (stream non-NULL) or the last call's
+ * (event done) is complete: polls, returns SYMM_ERR_NCCL when NCCL reports
+ * an error and SYMM_ERR_TIMEOUT after the variant's timeout, both sticky. */
+static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, const char *what)
+{
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    const double t0 = now_s(), limit = (double)v->timeout_ns * 1e-9;
+    for (unsigned polls = 0;; polls++) {
+        CUresult r = use_stream ? cu->cuStreamQuery(stream) : cu->cuEventQuery(n->done);
+        if (r == CUDA_SUCCESS)
+            return SYMM_OK;
+        if (r != CUDA_ERROR_NOT_READY)
+            return symm_cuda_check(r, use_stream ? "cuStreamQuery" : "cuEventQuery");
+        if (n->comm && symm_nccl_check_async(n->comm) != SYMM_OK) {
+            symm_fail_context(SYMM_ERR_NCCL, "rank %d: waiting for %s: ", v->rank, what);
+            return fail_sticky(v, SYMM_ERR_NCCL);
+        }
+        const double waited = now_s() - t0;
+        if (waited > limit) {
+            symm_fail(SYMM_ERR_TIMEOUT, "rank %d: %s did not complete within the variant's timeout of %g s: a peer "
+                      "did not arrive (NCCL cannot tell which); destroy the variant", v->rank, what, limit);
+            return fail_sticky(v, SYMM_ERR_TIMEOUT);
+        }
+        /* Spin for the first 200 us (a dispatch's waits are that short),
+         * then give the CPU away between polls. */
+        if (waited > 200e-6) {
+            if (polls % 16 == 0) {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            } else {
+                sched_yield();
+            }
+        }
+    }
+}
+
+symm_status symm_variant_nccl_quiesce(symm_variant *v)
+{
+    struct symm_variant_nccl *n = v->nccl;
+    if (!n || !n->done || n->failed)
+        return SYMM_OK;
+    return wait_work(v, NULL, false, "the last call's work");
+}
+
 /* symm_move_rows: row i < rows from src row (src_index ? src_index[i] : i)
  * to dst row (dst_index ? dst_index[i] : i), a warp a row. */
 static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdeviceptr src_index, CUdeviceptr dst,
@@ -280,7 +358,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     const int expert = d->layout == SYMM_LAYOUT_EXPERT;
     /* The last call's copies from the host buffers, and its use of the
      * device ones, are done before this call rewrites them. */
-    SYMM_CU(cu, cuEventSynchronize(n->done));
+    SYMM_TRY(wait_work(v, NULL, false, "the last call's work"));
     device_state *st = n->h_state;
     memset(st, 0, sizeof *st);
 
@@ -288,7 +366,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     if (a->tokens_dev) {
         int32_t t32;
         SYMM_CU(cu, cuMemcpyDtoHAsync(&t32, (CUdeviceptr)a->tokens_dev, 4, stream));
-        SYMM_CU(cu, cuStreamSynchronize(stream));
+        SYMM_TRY(wait_work(v, stream, true, "the copy of tokens_dev"));
         T = t32;
         st->clamped = T < 0 || T > d->max_tokens;
         T = T < 0 ? 0 : T > d->max_tokens ? d->max_tokens : T;
@@ -297,7 +375,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_topk, (CUdeviceptr)a->topk_idx, (size_t)T * K * 4, stream));
         if (d->weights)
             SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_weights, (CUdeviceptr)a->topk_weights, (size_t)T * K * 4, stream));
-        SYMM_CU(cu, cuStreamSynchronize(stream));
+        SYMM_TRY(wait_work(v, stream, true, "the copy of topk_idx"));
     }
     symm_nccl_plan *plan = &n->plan;
     st->invalid = symm_nccl_plan_count(plan, (int)T);
@@ -309,7 +387,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     SYMM_NCCL(nc, comm, ncclAllGather((const void *)(n->d_counts + (size_t)v->rank * row_bytes), (void *)n->d_counts,
                                       (size_t)n->bins, ncclInt32, comm, stream));
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_counts, n->d_counts, (size_t)W * row_bytes, stream));
-    SYMM_CU(cu, cuStreamSynchronize(stream));
+    SYMM_TRY(wait_work(v, stream, true, "the count exchange (ncclAllGather)"));
 
     symm_nccl_plan_rows(plan, (int)T);
     st->recv_rows = plan->recv_rows;
@@ -379,7 +457,9 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream)
 {
     SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "dispatch"));
-    symm_status st = dispatch_steps(v, args, stream);
+    struct symm_variant_nccl *n = v->nccl;
+    symm_status st = n->failed ? symm_fail(n->failed, "an earlier call failed: %s", n->failure)
+                               : dispatch_steps(v, args, stream);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s dispatch (NCCL backend): ", v->desc->name);
     return st;
@@ -421,7 +501,9 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream)
 {
     SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
-    symm_status st = combine_steps(v, y, out, stream);
+    struct symm_variant_nccl *n = v->nccl;
+    symm_status st = n->failed ? symm_fail(n->failed, "an earlier call failed: %s", n->failure)
+                               : combine_steps(v, y, out, stream);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s combine (NCCL backend): ", v->desc->name);
     return st;

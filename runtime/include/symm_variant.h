@@ -78,7 +78,8 @@ typedef enum symm_backend {
 typedef struct symm_variant_options {
     symm_backend backend;
     const char *cache_dir;    /* JIT cache; NULL: the default (SYMM_CACHE_DIR, ...) */
-    double timeout_s;         /* device waits; 0: the world's timeout */
+    double timeout_s;         /* device waits (NCCL backend: its host waits); 0: the
+                                 world's timeout */
     const char *tune;         /* kernel tuning, "NAME=value,..." (README, "Tuning");
                                  NULL: SYMM_TUNE from the environment, else none */
 } symm_variant_options;
@@ -92,7 +93,10 @@ typedef struct symm_variant symm_variant;
 symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc,
                                 const symm_variant_options *opts, symm_variant **out);
 
-/* Collective. Waits for this rank's work on the variant, then frees it. */
+/* Collective. Waits for this rank's work on the variant, then frees it. The
+ * NCCL backend's last call is waited for at most the variant's timeout; past
+ * it the communicator is aborted (NCCL's kernels return), everything is still
+ * freed, and SYMM_ERR_TIMEOUT comes back. */
 symm_status symm_variant_destroy(symm_variant *v);
 
 const symm_variant_desc *symm_variant_describe(const symm_variant *v);
@@ -152,7 +156,9 @@ typedef struct symm_variant_stats {
  * message names the peer and the phase). A timeout is sticky: the ranks no
  * longer agree on where the exchange stands, so every later call fails fast
  * and the variant must be destroyed (which still works and frees everything)
- * and created again. stats may be NULL. */
+ * and created again. The NCCL backend waits on the host inside dispatch: there
+ * dispatch itself returns SYMM_ERR_TIMEOUT (NCCL cannot say which peer is
+ * missing), sticky in the same way. stats may be NULL. */
 symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
 
 /* Where the time of dispatch and combine goes, on a variant created with the

@@ -814,6 +814,45 @@ static void quiet_snapshot(const vt *t, int *fds, size_t *free_bytes)
     EXPECT_OK(symm_world_barrier(t->c.world));
 }
 
+/* Ranks share a GPU and NCCL is not let share it (symmrun --nccl-shared-gpu):
+ * says so and ends the test's world; the caller skips. */
+static bool nccl_cannot_run(vt *t)
+{
+    if (symm_device_gpu_count(t->c.dev) >= t->c.ranks || symm_nccl_shared_gpu_mode())
+        return false;
+    printf("skipped: NCCL needs one GPU per rank (%d ranks on %d GPUs)\n", t->c.ranks,
+           symm_device_gpu_count(t->c.dev));
+    fflush(stdout);
+    vt_finish(t);
+    return true;
+}
+
+/* A first variant with a working call pays the one-time costs (module
+ * loading, lazy driver allocations, NCCL's process-wide setup); then the
+ * descriptors and device memory a second variant must give back. */
+static void warm_up_then_snapshot(vt *t, const symm_variant_options *o, gpu_case *c, int *fds, size_t *free_bytes)
+{
+    vt_open(t, o);
+    gpu_case_start(t, c, false);
+    gpu_case_call(t, c, 1, false);
+    vt_close(t);
+    quiet_snapshot(t, fds, free_bytes);
+}
+
+/* After the second variant's destroy: as many descriptors open and at
+ * least as much device memory free as before its create. */
+static void expect_nothing_leaked(vt *t, int fds_before, size_t free_before)
+{
+    int fds_after;
+    size_t free_after;
+    quiet_snapshot(t, &fds_after, &free_after);
+    cr_assert(fds_after == fds_before, "rank %d: %d descriptors open after the destroy, %d before the create",
+              t->c.rank, fds_after, fds_before);
+    cr_assert(free_after >= free_before, "rank %d: %zu bytes of device memory free after the destroy, %zu before "
+              "the create: %zu bytes were not released", t->c.rank, free_after, free_before,
+              free_before - free_after);
+}
+
 /* Seconds until the stream's work is done; fails the test after limit_s,
  * so that a device wait that never gives up is reported, not waited for. */
 static double drain(const vt *t, double t0, double limit_s, const char *what)
@@ -884,17 +923,10 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
     const double timeout = 2.0;
     symm_variant_options o = native_options();
     o.timeout_s = timeout;
-    vt_open(&t, &o);
     gpu_case c;
-    gpu_case_start(&t, &c, false);
-    /* A first variant with a working call pays the one-time costs (module
-     * loading, lazy driver allocations), so that the second is measured
-     * alone. */
-    gpu_case_call(&t, &c, 1, false);
-    vt_close(&t);
-    int fds_before, fds_after;
-    size_t free_before, free_after;
-    quiet_snapshot(&t, &fds_before, &free_before);
+    int fds_before;
+    size_t free_before;
+    warm_up_then_snapshot(&t, &o, &c, &fds_before, &free_before);
 
     vt_open(&t, &o);
     if (t.c.rank == 0) {
@@ -908,13 +940,62 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
     }
     EXPECT_OK(symm_world_barrier(t.c.world));
     vt_close(&t);
-    quiet_snapshot(&t, &fds_after, &free_after);
-    cr_assert(fds_after == fds_before, "rank %d: %d descriptors open after the destroy, %d before the create",
-              t.c.rank, fds_after, fds_before);
-    cr_assert(free_after >= free_before, "rank %d: %zu bytes of device memory free after the destroy, %zu before "
-              "the create: %zu bytes were not released", t.c.rank, free_after, free_before,
-              free_before - free_after);
+    expect_nothing_leaked(&t, fds_before, free_before);
 
+    gpu_case_free(&c);
+    vt_finish(&t);
+}
+
+/* The NCCL backend waits on the host: when a peer stops arriving, rank 0's
+ * dispatch itself fails with SYMM_ERR_TIMEOUT after the variant's timeout,
+ * later calls fail at once with the same error, and destroy frees
+ * everything (the communicator is aborted, so NCCL's kernel that still
+ * waits for the peer on this GPU returns). Every rank makes one call first:
+ * NCCL connects peers inside the host calls of a communicator's first
+ * operations, and waits there without a timeout of its own. */
+Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destroy_frees_everything)
+{
+    vt t;
+    vt_setup(&t, "nccl-timeout", ANY, 30.0);
+    if (nccl_cannot_run(&t))
+        cr_skip_test("NCCL needs one GPU per rank");
+    const double timeout = 2.0;
+    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL, .timeout_s = timeout};
+    gpu_case c;
+    int fds_before;
+    size_t free_before;
+    warm_up_then_snapshot(&t, &o, &c, &fds_before, &free_before);
+
+    vt_open(&t, &o);
+    gpu_case_call(&t, &c, 1, false);
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    if (t.c.rank == 0) {
+        symm_dispatch_args a = good_args(t.d, &c.b, c.k->in[0].tokens, false);
+        double t0 = now_s();
+        symm_status st = symm_variant_dispatch(t.v, &a, t.stream);
+        const double first = now_s() - t0;
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", symm_last_error());
+        cr_assert(st == SYMM_ERR_TIMEOUT && strstr(msg, "count exchange") && strstr(msg, "NCCL backend") &&
+                      strstr(msg, t.name),
+                  "rank 0: NCCL dispatch no peer joined: %s (%s), expected SYMM_ERR_TIMEOUT naming the variant, "
+                  "the backend and the count exchange", symm_status_name(st), msg);
+        cr_assert(first >= timeout * 0.95 && first < timeout + 4.0,
+                  "rank 0: the timed-out dispatch took %.3f s, expected about the variant's timeout of %g s", first,
+                  timeout);
+        t0 = now_s();
+        st = symm_variant_dispatch(t.v, &a, t.stream);
+        const double second = now_s() - t0;
+        cr_assert(st == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "earlier call"),
+                  "rank 0: the dispatch after a timeout gave %s (%s), expected the same SYMM_ERR_TIMEOUT saying an "
+                  "earlier call failed", symm_status_name(st), symm_last_error());
+        cr_assert(second < 0.5, "rank 0: a dispatch after a timeout took %.3f s, expected it to fail at once", second);
+        /* NCCL's all-gather kernel was left waiting; the abort lets it return. */
+        drain(&t, now_s(), 10.0, "the aborted count exchange");
+    }
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    vt_close(&t);
+    expect_nothing_leaked(&t, fds_before, free_before);
     gpu_case_free(&c);
     vt_finish(&t);
 }
@@ -1036,13 +1117,8 @@ Test(variant, nccl_backend_refuses_stream_capture_saying_why)
 {
     vt t;
     vt_setup(&t, "nccl-capture", ANY, 0);
-    if (symm_device_gpu_count(t.c.dev) < t.c.ranks && !symm_nccl_shared_gpu_mode()) {
-        printf("skipped: NCCL needs one GPU per rank (%d ranks on %d GPUs)\n", t.c.ranks,
-               symm_device_gpu_count(t.c.dev));
-        fflush(stdout);
-        vt_finish(&t);
+    if (nccl_cannot_run(&t))
         cr_skip_test("NCCL needs one GPU per rank");
-    }
     symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
     vt_open(&t, &o);
     gpu_case c;
