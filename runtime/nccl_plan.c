@@ -137,7 +137,6 @@ static void pack(symm_nccl_plan *p, int T)
     int32_t *self_dst = p->self_dst;
     const int64_t self_first = p->self_first;
     const int max_tokens = p->max_tokens;
-    const uint64_t inv = ((uint64_t)1 << 32) / (uint64_t)L + 1; /* c / L, as in the count */
     for (int t = 0; t < T; t++) {
         const int32_t *ids = topk + (size_t)t * K;
         int32_t *route = p->route + (size_t)t * per;
@@ -152,7 +151,7 @@ static void pack(symm_nccl_plan *p, int T)
             }
             const int64_t at = first[c] + route[slot];
             route[slot] = (int32_t)dest_row;
-            if ((expert ? (int)(((uint64_t)(uint32_t)c * inv) >> 32) : c) == me)
+            if (at >= self_first && at < self_first + p->self_rows) /* this rank's own chunks */
                 self_dst[at - self_first] = (int32_t)dest_row;
             send_index[at] = t;
             stage_index[at] = expert ? t * K + slot : slot * max_tokens + t;

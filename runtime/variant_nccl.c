@@ -35,6 +35,7 @@
 #include "heap_internal.h"
 #include "symm_nccl.h"
 #include "variant_internal.h"
+#include "world_internal.h"
 
 typedef symm_nccl_chunk chunk;
 
@@ -189,13 +190,6 @@ symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream str
     return SYMM_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* After a failed wait: no more NCCL calls on this communicator. Aborting it
  * makes NCCL's kernels that still wait for a peer on this GPU return. */
 static symm_status fail_sticky(symm_variant *v, symm_status st)
@@ -218,7 +212,7 @@ static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, 
     struct symm_variant_nccl *n = v->nccl;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    const double t0 = now_s(), limit = (double)v->timeout_ns * 1e-9;
+    const double t0 = symm_wio_now(), limit = (double)v->timeout_ns * 1e-9;
     for (unsigned polls = 0;; polls++) {
         CUresult r = use_stream ? cu->cuStreamQuery(stream) : cu->cuEventQuery(n->done);
         if (r == CUDA_SUCCESS)
@@ -229,7 +223,7 @@ static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, 
             symm_fail_context(SYMM_ERR_NCCL, "rank %d: waiting for %s: ", v->rank, what);
             return fail_sticky(v, SYMM_ERR_NCCL);
         }
-        const double waited = now_s() - t0;
+        const double waited = symm_wio_now() - t0;
         if (waited > limit) {
             symm_fail(SYMM_ERR_TIMEOUT, "rank %d: %s did not complete within the variant's timeout of %g s: a peer "
                       "did not arrive (NCCL cannot tell which); destroy the variant", v->rank, what, limit);
@@ -256,6 +250,14 @@ symm_status symm_variant_nccl_quiesce(symm_variant *v)
     return wait_work(v, NULL, false, "the last call's work");
 }
 
+/* Blocks for a grid-stride kernel over items, per_block items a block,
+ * at most 4096. */
+static unsigned grid_for(int64_t items, int per_block)
+{
+    const int64_t blocks = (items + per_block - 1) / per_block;
+    return (unsigned)(blocks < 4096 ? blocks : 4096);
+}
+
 /* symm_move_rows: row i < rows from src row (src_index ? src_index[i] : i)
  * to dst row (dst_index ? dst_index[i] : i), a warp a row. */
 static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdeviceptr src_index, CUdeviceptr dst,
@@ -266,11 +268,8 @@ static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdevicep
     if (rows <= 0)
         return SYMM_OK;
     enum { WARPS = 8 };
-    int64_t blocks = (rows + WARPS - 1) / WARPS;
-    if (blocks > 4096)
-        blocks = 4096;
     void *params[] = {&src, &src_index, &dst, &dst_index, &rows, &row_bytes};
-    return symm_cuda_check(cu->cuLaunchKernel(v->fn_move, (unsigned)blocks, 1, 1, WARPS * 32, 1, 1, 0, stream,
+    return symm_cuda_check(cu->cuLaunchKernel(v->fn_move, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
                                               params, NULL),
                            "launch of symm_move_rows");
 }
@@ -283,9 +282,9 @@ static symm_status launch_move_others(const symm_variant *v, CUdeviceptr src, CU
     const symm_nccl_plan *p = &v->nccl->plan;
     const int64_t a = p->self_first, b = p->self_first + p->self_rows, P = p->packed;
     SYMM_TRY(launch_move(v, src, src_index, dst, dst_index, a, row_bytes, stream));
-    const int64_t srow = src_index ? 4 : row_bytes, drow = dst_index ? 4 : row_bytes;
-    return launch_move(v, src + (src_index ? 0 : b * row_bytes), src_index ? src_index + b * srow : 0,
-                       dst + (dst_index ? 0 : b * row_bytes), dst_index ? dst_index + b * drow : 0, P - b, row_bytes,
+    /* From row b on: an index moves by b entries, an array without one by b rows. */
+    return launch_move(v, src_index ? src : src + b * row_bytes, src_index ? src_index + b * 4 : 0,
+                       dst_index ? dst : dst + b * row_bytes, dst_index ? dst_index + b * 4 : 0, P - b, row_bytes,
                        stream);
 }
 
@@ -394,7 +393,8 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     st->dropped_recv = plan->dropped_recv;
     st->dropped_send = plan->dropped_send;
 
-    /* Pack on the GPU; metadata, route and weights from the host. */
+    /* The plan's arrays to the GPU, then the packing there: the rows' other
+     * metadata from the caller's top-k arrays, the rows themselves. */
     const int64_t P = plan->packed;
     const size_t xrow = (size_t)d->hidden * symm_dtype_size(d->dtype);
     const size_t wrow = expert ? 4 : (size_t)K * 4;
@@ -408,8 +408,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         int64_t rows = P;
         void *params[] = {&topk, &weights, &n->d_send_index, &n->d_stage_index, &rows, &n->d_send_topk,
                           &n->d_send_weights};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_pack_meta, (unsigned)((P + 255) / 256 < 4096 ? (P + 255) / 256 : 4096), 1, 1,
-                                   256, 1, 1, 0, stream, params, NULL));
+        SYMM_CU(cu, cuLaunchKernel(v->fn_pack_meta, grid_for(P, 256), 1, 1, 256, 1, 1, 0, stream, params, NULL));
     }
     const symm_region_desc *route = &d->regions[SYMM_REGION_TOKEN_ROUTE];
     SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + route->offset, n->h_route, (size_t)T * (expert ? K : W) * 4, stream));
@@ -421,9 +420,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         CUdeviceptr topk = (CUdeviceptr)a->topk_idx, routes = v->scratch + route->offset;
         int tokens = (int)T;
         void *params[] = {&topk, &routes, &tokens};
-        const int64_t entries = T * K;
-        SYMM_CU(cu, cuLaunchKernel(v->fn_copy_ranks, (unsigned)((entries + 255) / 256 < 4096 ? (entries + 255) / 256 : 4096),
-                                   1, 1, 256, 1, 1, 0, stream, params, NULL));
+        SYMM_CU(cu, cuLaunchKernel(v->fn_copy_ranks, grid_for(T * K, 256), 1, 1, 256, 1, 1, 0, stream, params, NULL));
     }
     symm_recv_buffers rb;
     SYMM_TRY(symm_variant_recv(v, &rb));
