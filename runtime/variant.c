@@ -159,8 +159,9 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
     if (v->backend != SYMM_BACKEND_NATIVE) {
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_move_rows", &v->fn_move));
-        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_pack_meta", &v->fn_pack_meta));
-        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_copy_ranks", &v->fn_copy_ranks));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_count", &v->fn_nccl_count));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scan", &v->fn_nccl_scan));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_pack", &v->fn_nccl_pack));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_count_experts", &v->fn_count_experts));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_reduce", &v->fn_reduce));
         return SYMM_OK;

@@ -3,11 +3,12 @@
  * the rows moved by NCCL send/receive. It is the reference of the GPU tests,
  * the baseline of the benchmarks and (later) the path to other hosts.
  *
- * Dispatch brings topk_idx to the host (one device-to-host copy and a stream
- * synchronisation), computes the routing there with the rules of the native
- * kernels, exchanges the count rows with an NCCL all-gather (a second
- * synchronisation: NCCL needs the sizes on the host), packs this rank's rows
- * per destination on the GPU and moves every contiguous run of destination
+ * Dispatch counts this rank's rows per destination on the GPU, with the
+ * rules of the native kernels, exchanges the count rows with an NCCL
+ * all-gather and waits for them on the host (its one stream
+ * synchronisation: NCCL needs the sizes on the host), plans from them the
+ * runs of rows to send and receive (runtime/nccl_plan.c), packs this
+ * rank's rows per destination on the GPU and moves every contiguous run of destination
  * rows ("chunk": a destination rank for layout rank, a destination (rank,
  * expert) for layout expert) with one send/receive per array. This rank's
  * rows for itself never go through NCCL: one kernel moves them from x
@@ -39,27 +40,26 @@
 
 typedef symm_nccl_chunk chunk;
 
+/* Blocks of the GPU count (symm_nccl_count): each a contiguous run of the
+ * tokens; symm_nccl_scan adds them up in one thread per bin. */
+enum { PLAN_BLOCKS = 32 };
+
 struct symm_variant_nccl {
     symm_nccl *comm;
     const symm_nccl_api *api;
     int bins;            /* entries of a count row */
     int max_dests;       /* most destinations of one token */
     int64_t max_send;    /* max_tokens * max_dests */
+    int plan_wpb;        /* warps per block of symm_nccl_count (PLAN_BLOCKS blocks) */
     /* host (pinned) */
-    int32_t *h_topk;     /* [max_tokens, topk] */
-    float *h_weights;    /* [max_tokens, topk] */
     int32_t *h_counts;   /* [world, bins] */
-    int32_t *h_send_index;   /* [max_send]: token of each packed row */
-    int32_t *h_stage_index;  /* [max_send]: COMBINE_IN slot of each packed row */
-    int32_t *h_send_src;     /* [max_send, 4] */
-    int32_t *h_route;        /* [max_tokens, world or topk] */
-    float *h_token_weights;  /* [max_tokens, topk] */
-    int32_t *h_expert;       /* [2, local experts]: count, offset */
-    int32_t *h_self_dst;     /* [max_send]: the plan's self_dst */
+    int32_t *h_info;     /* [4]: T, clamped, invalid ids (symm_nccl_count, symm_nccl_scan) */
+    int32_t *h_bins;     /* [2, bins]: the plan's base, for symm_nccl_pack */
+    int32_t *h_expert;   /* [2, local experts]: count, offset */
     device_state *h_state;
     /* device */
-    CUdeviceptr d_counts, d_send_index, d_stage_index, d_send_x, d_send_scales, d_send_src, d_send_topk,
-        d_send_weights, d_stage, d_self_dst;
+    CUdeviceptr d_counts, d_info, d_bins, d_work, d_send_index, d_stage_index, d_send_x, d_send_scales,
+        d_send_src, d_send_topk, d_send_weights, d_stage, d_self_dst;
     CUevent done;        /* recorded after each call's work: the host buffers are free again */
     /* the routing of the last dispatch (its arrays are the pinned ones above) */
     symm_nccl_plan plan;
@@ -113,18 +113,20 @@ static symm_status nccl_buffers(symm_variant *v)
         return symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
     const size_t S = (size_t)n->max_send, row = H * symm_dtype_size(d->dtype);
     const size_t crow = H * symm_dtype_size(d->combine_dtype), sc = H / SYMM_FP8_BLOCK * 4;
-    SYMM_TRY(host_alloc(cu, &n->h_topk, T * K * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_weights, T * K * 4));
+    /* symm_nccl_count's warps per block: 8, fewer where 8 rows of counters
+     * would take more than 32 KiB of shared memory. */
+    n->plan_wpb = 32768 / (n->bins * 4);
+    n->plan_wpb = n->plan_wpb > 8 ? 8 : n->plan_wpb < 1 ? 1 : n->plan_wpb;
+    const size_t work = ((size_t)PLAN_BLOCKS * n->plan_wpb * n->bins + (size_t)PLAN_BLOCKS * n->bins + PLAN_BLOCKS) * 4;
     SYMM_TRY(host_alloc(cu, &n->h_counts, (size_t)W * n->bins * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_send_index, S * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_stage_index, S * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_send_src, S * 16));
-    SYMM_TRY(host_alloc(cu, &n->h_route, T * (size_t)(expert ? K : W) * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_token_weights, T * K * 4));
+    SYMM_TRY(host_alloc(cu, &n->h_info, 16));
+    SYMM_TRY(host_alloc(cu, &n->h_bins, (size_t)2 * n->bins * 4));
     SYMM_TRY(host_alloc(cu, &n->h_expert, (size_t)2 * L * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_self_dst, S * 4));
     SYMM_TRY(host_alloc(cu, &n->h_state, sizeof(device_state)));
     SYMM_TRY(dev_alloc(cu, &n->d_counts, (size_t)W * n->bins * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_info, 16));
+    SYMM_TRY(dev_alloc(cu, &n->d_bins, (size_t)2 * n->bins * 4));
+    SYMM_TRY(dev_alloc(cu, &n->d_work, work));
     SYMM_TRY(dev_alloc(cu, &n->d_send_index, S * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_stage_index, S * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_send_x, S * row));
@@ -136,12 +138,9 @@ static symm_status nccl_buffers(symm_variant *v)
     SYMM_TRY(dev_alloc(cu, &n->d_self_dst, S * 4));
     SYMM_CU(cu, cuEventCreate(&n->done, CU_EVENT_DISABLE_TIMING));
     n->plan = (symm_nccl_plan){
-        .world = W, .rank = v->rank, .topk = K, .experts = d->experts, .max_tokens = d->max_tokens,
-        .align = d->align, .expert_layout = expert, .weights = d->weights != 0, .capacity = d->capacity,
-        .bins = n->bins, .topk_idx = n->h_topk, .topk_weights = n->h_weights, .counts = n->h_counts,
-        .route = n->h_route, .token_weights = n->h_token_weights, .send_index = n->h_send_index,
-        .stage_index = n->h_stage_index, .send_src = n->h_send_src, .expert = n->h_expert, .base = n->base,
-        .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks, .self_dst = n->h_self_dst,
+        .world = W, .rank = v->rank, .experts = d->experts, .align = d->align, .expert_layout = expert,
+        .capacity = d->capacity, .bins = n->bins, .counts = n->h_counts, .expert = n->h_expert,
+        .base = n->base, .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks,
     };
     return SYMM_OK;
 }
@@ -153,14 +152,13 @@ void symm_variant_nccl_release(symm_variant *v)
     if (!n)
         return;
     if (symm_cuda(&cu) == SYMM_OK) {
-        void *hosts[] = {n->h_topk, n->h_weights, n->h_counts, n->h_send_index, n->h_stage_index,
-                         n->h_send_src, n->h_route,
-                         n->h_token_weights, n->h_expert, n->h_self_dst, n->h_state};
+        void *hosts[] = {n->h_counts, n->h_info, n->h_bins, n->h_expert, n->h_state};
         for (size_t i = 0; i < SYMM_ARRAY_LEN(hosts); i++)
             if (hosts[i])
                 cu->cuMemFreeHost(hosts[i]);
-        CUdeviceptr devs[] = {n->d_counts, n->d_send_index, n->d_stage_index, n->d_send_x, n->d_send_scales,
-                              n->d_send_src, n->d_send_topk, n->d_send_weights, n->d_stage, n->d_self_dst};
+        CUdeviceptr devs[] = {n->d_counts, n->d_info, n->d_bins, n->d_work, n->d_send_index, n->d_stage_index,
+                              n->d_send_x, n->d_send_scales, n->d_send_src, n->d_send_topk, n->d_send_weights,
+                              n->d_stage, n->d_self_dst};
         for (size_t i = 0; i < SYMM_ARRAY_LEN(devs); i++)
             if (devs[i])
                 cu->cuMemFree(devs[i]);
@@ -361,66 +359,52 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     device_state *st = n->h_state;
     memset(st, 0, sizeof *st);
 
-    int64_t T = a->tokens;
-    if (a->tokens_dev) {
-        int32_t t32;
-        SYMM_CU(cu, cuMemcpyDtoHAsync(&t32, (CUdeviceptr)a->tokens_dev, 4, stream));
-        SYMM_TRY(wait_work(v, stream, true, "the copy of tokens_dev"));
-        T = t32;
-        st->clamped = T < 0 || T > d->max_tokens;
-        T = T < 0 ? 0 : T > d->max_tokens ? d->max_tokens : T;
+    /* This rank's count row on the GPU, every rank's by the all-gather, and
+     * the one wait: NCCL's calls below need the sizes. */
+    const int wpb = n->plan_wpb, blocks = PLAN_BLOCKS, me = v->rank;
+    const CUdeviceptr my_counts = n->d_counts + (size_t)me * n->bins * 4;
+    {
+        CUdeviceptr topk = (CUdeviceptr)a->topk_idx, weights = (CUdeviceptr)a->topk_weights;
+        CUdeviceptr tokens_dev = (CUdeviceptr)a->tokens_dev, scratch = v->scratch;
+        int64_t tokens = a->tokens;
+        void *params[] = {&topk, &weights, &tokens_dev, &tokens, &scratch, &n->d_work, &n->d_info};
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_count, blocks, 1, 1, (unsigned)wpb * 32, 1, 1,
+                                   (unsigned)(wpb * n->bins * 4), stream, params, NULL));
+        CUdeviceptr counts = my_counts;
+        void *scan_params[] = {&n->d_work, (void *)&blocks, (void *)&wpb, &counts, &n->d_info};
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_scan, 1, 1, 1, 1024, 1, 1, 0, stream, scan_params, NULL));
     }
-    if (T) {
-        SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_topk, (CUdeviceptr)a->topk_idx, (size_t)T * K * 4, stream));
-        if (d->weights)
-            SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_weights, (CUdeviceptr)a->topk_weights, (size_t)T * K * 4, stream));
-        SYMM_TRY(wait_work(v, stream, true, "the copy of topk_idx"));
-    }
-    symm_nccl_plan *plan = &n->plan;
-    st->invalid = symm_nccl_plan_count(plan, (int)T);
-
-    /* Count rows of every rank. */
     const size_t row_bytes = (size_t)n->bins * 4;
-    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_counts + (size_t)v->rank * row_bytes, n->h_counts + (size_t)v->rank * n->bins,
-                                  row_bytes, stream));
-    SYMM_NCCL(nc, comm, ncclAllGather((const void *)(n->d_counts + (size_t)v->rank * row_bytes), (void *)n->d_counts,
-                                      (size_t)n->bins, ncclInt32, comm, stream));
+    SYMM_NCCL(nc, comm, ncclAllGather((const void *)my_counts, (void *)n->d_counts, (size_t)n->bins, ncclInt32,
+                                      comm, stream));
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_counts, n->d_counts, (size_t)W * row_bytes, stream));
+    SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_info, n->d_info, 16, stream));
     SYMM_TRY(wait_work(v, stream, true, "the count exchange (ncclAllGather)"));
+    const int T = n->h_info[0];
+    st->clamped = n->h_info[1];
+    st->invalid = n->h_info[2];
 
-    symm_nccl_plan_rows(plan, (int)T);
+    symm_nccl_plan *plan = &n->plan;
+    symm_nccl_plan_chunks(plan);
     st->recv_rows = plan->recv_rows;
     st->dropped_recv = plan->dropped_recv;
     st->dropped_send = plan->dropped_send;
 
-    /* The plan's arrays to the GPU, then the packing there: the rows' other
-     * metadata from the caller's top-k arrays, the rows themselves. */
-    const int64_t P = plan->packed;
+    /* Each row placed, and its metadata packed, on the GPU. */
     const size_t xrow = (size_t)d->hidden * symm_dtype_size(d->dtype);
     const size_t wrow = expert ? 4 : (size_t)K * 4;
-    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_index, n->h_send_index, (size_t)P * 4, stream));
-    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_stage_index, n->h_stage_index, (size_t)P * 4, stream));
-    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_self_dst, n->h_self_dst, (size_t)plan->self_rows * 4, stream));
-    SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_send_src, n->h_send_src, (size_t)P * 16, stream));
-    if (P > 0 && (!expert || d->weights)) {
-        /* The rest of the rows' metadata, from the caller's top-k arrays. */
-        CUdeviceptr topk = (CUdeviceptr)a->topk_idx, weights = (CUdeviceptr)a->topk_weights;
-        int64_t rows = P;
-        void *params[] = {&topk, &weights, &n->d_send_index, &n->d_stage_index, &rows, &n->d_send_topk,
-                          &n->d_send_weights};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_pack_meta, grid_for(P, 256), 1, 1, 256, 1, 1, 0, stream, params, NULL));
-    }
-    const symm_region_desc *route = &d->regions[SYMM_REGION_TOKEN_ROUTE];
-    SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + route->offset, n->h_route, (size_t)T * (expert ? K : W) * 4, stream));
-    if (expert && d->weights)
-        SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_TOKEN_WEIGHTS].offset, n->h_token_weights,
-                                      (size_t)T * K * 4, stream));
-    if (expert && T > 0) {
-        /* Which rank holds each (token, k)'s row: the sum reads its own from y. */
-        CUdeviceptr topk = (CUdeviceptr)a->topk_idx, routes = v->scratch + route->offset;
-        int tokens = (int)T;
-        void *params[] = {&topk, &routes, &tokens};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_copy_ranks, grid_for(T * K, 256), 1, 1, 256, 1, 1, 0, stream, params, NULL));
+    if (T > 0) {
+        for (int i = 0; i < 2 * n->bins; i++)
+            n->h_bins[i] = (int32_t)plan->base[i];
+        SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_bins, n->h_bins, 2 * row_bytes, stream));
+        CUdeviceptr topk = (CUdeviceptr)a->topk_idx, weights = (CUdeviceptr)a->topk_weights, scratch = v->scratch;
+        int tokens = T;
+        int64_t self_first = plan->self_first;
+        void *params[] = {&topk, &weights, &scratch, &n->d_work, &n->d_bins, &tokens, (void *)&blocks,
+                          (void *)&wpb, (void *)&me, &self_first, &n->d_send_index, &n->d_stage_index,
+                          &n->d_send_src, &n->d_send_topk, &n->d_send_weights, &n->d_self_dst};
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_pack, grid_for((int64_t)T * (expert ? K : W), 256), 1, 1, 256, 1, 1,
+                                   0, stream, params, NULL));
     }
     symm_recv_buffers rb;
     SYMM_TRY(symm_variant_recv(v, &rb));

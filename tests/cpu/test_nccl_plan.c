@@ -1,8 +1,12 @@
-/* test_nccl_plan.c: the NCCL backend's host routing (runtime/nccl_plan.c),
- * checked against the CPU reference model for whole worlds, without a GPU.
+/* test_nccl_plan.c: the NCCL backend's routing, checked against the CPU
+ * reference model for whole worlds, without a GPU: its chunk plan on the
+ * host (runtime/nccl_plan.c) and its GPU part (templates/variant.cu.in:
+ * symm_nccl_count, symm_nccl_scan, symm_nccl_pack, symm_count_experts)
+ * written again in C, thread for thread where the order matters, with the
+ * same cut of the tokens into blocks and warps (random counts of each).
  *
  * Every rank plans as runtime/variant_nccl.c does (count, all-gather of the
- * count rows, rows); the exchange is simulated as NCCL would carry it: each
+ * count rows, chunks, pack); the exchange is simulated as NCCL would carry it: each
  * receiver takes its chunks from a sender in order, and each must have
  * exactly the size of that sender's next chunk for it (NCCL send and receive
  * sizes must match). What lands (source rank, token, k; local top-k ids;
@@ -30,6 +34,12 @@ typedef struct rank_plan {
     float *weights;
     int tokens;
     int invalid;
+    /* the GPU's arrays */
+    int blocks, wpb;
+    int32_t *work;          /* symm_nccl_count's and symm_nccl_scan's */
+    int32_t *route;         /* [T, topk or world] */
+    float *token_weights;   /* [T, topk] */
+    int32_t *send_index, *stage_index, *send_src, *self_dst;
 } rank_plan;
 
 static void *zalloc(size_t n)
@@ -39,7 +49,7 @@ static void *zalloc(size_t n)
     return p;
 }
 
-static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t cap, int32_t *counts)
+static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t cap, int32_t *counts, moe_rng *g)
 {
     const int W = c->world, K = c->topk, L = c->experts / W, T = c->max_tokens;
     const bool expert = c->layout == SYMM_LAYOUT_EXPERT;
@@ -49,22 +59,26 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
     r->topk = zalloc((size_t)T * K * 4);
     r->weights = zalloc((size_t)T * K * 4);
     r->p = (symm_nccl_plan){
-        .world = W, .rank = rank, .topk = K, .experts = c->experts, .max_tokens = T, .align = c->align,
-        .expert_layout = expert, .weights = c->weights != 0, .capacity = cap, .bins = bins,
-        .topk_idx = r->topk, .topk_weights = r->weights, .counts = counts,
-        .route = zalloc((size_t)T * (expert ? K : W) * 4), .token_weights = zalloc((size_t)T * K * 4),
-        .send_index = zalloc(M * 4), .stage_index = zalloc(M * 4), .send_src = zalloc(M * 16),
-        .expert = zalloc((size_t)2 * L * 4),
+        .world = W, .rank = rank, .experts = c->experts, .align = c->align, .expert_layout = expert,
+        .capacity = cap, .bins = bins, .counts = counts, .expert = zalloc((size_t)2 * L * 4),
         .base = zalloc((size_t)2 * bins * 8), .send_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
-        .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)), .self_dst = zalloc(M * 4),
+        .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
     };
+    r->blocks = 1 + moe_rng_int(g, 5);
+    r->wpb = 1 + moe_rng_int(g, 4);
+    r->work = zalloc(((size_t)r->blocks * r->wpb * bins + (size_t)r->blocks * bins + (size_t)r->blocks) * 4);
+    r->route = zalloc((size_t)T * (expert ? K : W) * 4);
+    r->token_weights = zalloc((size_t)T * K * 4);
+    r->send_index = zalloc(M * 4);
+    r->stage_index = zalloc(M * 4);
+    r->send_src = zalloc(M * 16);
+    r->self_dst = zalloc(M * 4);
 }
 
 static void plan_free(rank_plan *r)
 {
-    void *bufs[] = {r->topk, r->weights, r->p.route, r->p.token_weights, r->p.send_index, r->p.stage_index,
-                    r->p.send_src, r->p.expert, r->p.base, r->p.send_chunks,
-                    r->p.recv_chunks, r->p.self_dst};
+    void *bufs[] = {r->topk, r->weights, r->work, r->route, r->token_weights, r->send_index, r->stage_index,
+                    r->send_src, r->self_dst, r->p.expert, r->p.base, r->p.send_chunks, r->p.recv_chunks};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -91,20 +105,144 @@ static void random_row(moe_rng *g, const symm_ref_config *c, int32_t *row, int m
     }
 }
 
-/* The rule of symm_pack_meta (templates/variant.cu.in), which fills the
- * rest of a packed row's metadata on the GPU from the caller's top-k arrays,
- * its token (send_index) and its COMBINE_IN slot (stage_index): layout rank,
- * the local ids at the destination and their weights; layout expert, the
- * weight of its k. */
+/* symm_nccl_count's and symm_nccl_pack's cut of tokens [0, T) into
+ * blocks, then warps: the first token of block b's run, and its length. */
+static void block_run(const rank_plan *r, int T, int b, int *begin, int *len)
+{
+    const int per_block = (T + r->blocks - 1) / r->blocks;
+    *begin = b * per_block < T ? b * per_block : T;
+    *len = (*begin + per_block < T ? *begin + per_block : T) - *begin;
+}
+
+/* The lane rule of classify (templates/variant.cu.in): entry k is valid when
+ * in [0, E) and no earlier entry holds the same id; layout rank, the owner
+ * of a destination rank is its first valid entry. */
+static bool entry_valid(const symm_ref_config *c, const int32_t *ids, int k)
+{
+    bool ok = ids[k] >= 0 && ids[k] < c->experts;
+    for (int j = 0; j < k; j++)
+        ok = ok && ids[j] != ids[k];
+    return ok;
+}
+
+/* symm_nccl_count then symm_nccl_scan on rank s: its route (indexes among
+ * its warp's rows per bin), token weights, work and count row; returns
+ * the invalid ids. */
+static int model_count(const symm_ref_config *c, rank_plan *r, int32_t *count_row)
+{
+    const int W = c->world, K = c->topk, L = c->experts / W, T = r->tokens;
+    const bool expert = c->layout == SYMM_LAYOUT_EXPERT;
+    const int bins = expert ? c->experts : W, per = expert ? K : W, wpb = r->wpb, blocks = r->blocks;
+    int32_t *block_rows = r->work + (size_t)blocks * wpb * bins;
+    int32_t *warp_rows = zalloc((size_t)wpb * bins * 4);
+    int invalid = 0;
+    for (int b = 0; b < blocks; b++) {
+        memset(warp_rows, 0, (size_t)wpb * bins * 4);
+        int begin, len;
+        block_run(r, T, b, &begin, &len);
+        const int per_warp = (len + wpb - 1) / wpb;
+        int block_invalid = 0;
+        for (int w = 0; w < wpb; w++) {
+            const int t0 = begin + (w * per_warp < len ? w * per_warp : len);
+            const int t1 = t0 + per_warp < begin + len ? t0 + per_warp : begin + len;
+            int32_t *count = warp_rows + (size_t)w * bins;
+            for (int t = t0; t < t1; t++) {
+                const int32_t *ids = r->topk + (size_t)t * K;
+                int32_t *route = r->route + (size_t)t * per;
+                for (int i = 0; i < per; i++)
+                    route[i] = -1;
+                for (int k = 0; k < K; k++) {
+                    const bool valid = entry_valid(c, ids, k);
+                    block_invalid += !valid && ids[k] != -1;
+                    if (expert)
+                        r->token_weights[(size_t)t * K + k] =
+                            valid && c->weights ? r->weights[(size_t)t * K + k] : 0.0f;
+                    if (!valid)
+                        continue;
+                    const int bin = expert ? ids[k] : ids[k] / L;
+                    bool owner = true;
+                    for (int j = 0; j < k && !expert; j++)
+                        owner = owner && !(entry_valid(c, ids, j) && ids[j] / L == bin);
+                    if (owner)
+                        route[expert ? k : bin] = count[bin]++;
+                }
+            }
+        }
+        for (int bin = 0; bin < bins; bin++) {
+            int sum = 0;
+            for (int w = 0; w < wpb; w++) {
+                r->work[((size_t)b * wpb + w) * bins + bin] = sum;
+                sum += warp_rows[(size_t)w * bins + bin];
+            }
+            block_rows[(size_t)b * bins + bin] = sum;
+        }
+        block_rows[(size_t)blocks * bins + b] = block_invalid;
+    }
+    /* symm_nccl_scan */
+    for (int bin = 0; bin < bins; bin++) {
+        int sum = 0;
+        for (int b = 0; b < blocks; b++) {
+            const int rows = block_rows[(size_t)b * bins + bin];
+            block_rows[(size_t)b * bins + bin] = sum;
+            sum += rows;
+        }
+        count_row[bin] = sum;
+    }
+    for (int b = 0; b < blocks; b++)
+        invalid += block_rows[(size_t)blocks * bins + b];
+    free(warp_rows);
+    return invalid;
+}
+
+/* symm_nccl_pack on rank s, with its plan's base: every (token, slot). */
+static void model_pack(const symm_ref_config *c, rank_plan *r)
+{
+    const int W = c->world, K = c->topk, L = c->experts / W, T = r->tokens, me = r->p.rank;
+    const bool expert = c->layout == SYMM_LAYOUT_EXPERT;
+    const int bins = expert ? c->experts : W, per = expert ? K : W, wpb = r->wpb, blocks = r->blocks;
+    const int64_t cap = r->p.capacity, *base = r->p.base;
+    const int32_t *block_first = r->work + (size_t)blocks * wpb * bins;
+    for (int t = 0; t < T; t++) {
+        /* plan_slice */
+        const int per_block = (T + blocks - 1) / blocks, b = t / per_block;
+        int begin, len;
+        block_run(r, T, b, &begin, &len);
+        const int w = (t - begin) / ((len + wpb - 1) / wpb);
+        for (int slot = 0; slot < per; slot++) {
+            int32_t *route = r->route + (size_t)t * per + slot;
+            if (*route < 0)
+                continue;
+            const int bin = expert ? r->topk[(size_t)t * K + slot] : slot;
+            const int64_t n = *route + r->work[((size_t)b * wpb + w) * bins + bin] + block_first[(size_t)b * bins + bin];
+            const int64_t dest = base[bin] + n, at = base[bins + bin] + n;
+            if (dest >= cap) {
+                *route = -1;
+                continue;
+            }
+            *route = (int32_t)dest;
+            if ((expert ? bin / L : bin) == me)
+                r->self_dst[at - r->p.self_first] = (int32_t)dest;
+            r->send_index[at] = t;
+            r->stage_index[at] = expert ? t * K + slot : slot * c->max_tokens + t;
+            int32_t *src = r->send_src + at * 4;
+            src[0] = me, src[1] = t, src[2] = expert ? slot : -1, src[3] = 0;
+        }
+    }
+}
+
+/* The rest of symm_nccl_pack's packed row i, from the caller's top-k
+ * arrays, its token (send_index) and its COMBINE_IN slot (stage_index):
+ * layout rank, the local ids at the destination and their weights; layout
+ * expert, the weight of its k. */
 static void pack_meta(const symm_ref_config *c, const rank_plan *r, int64_t i, int32_t *topk, float *w)
 {
     const int K = c->topk, L = c->experts / c->world;
-    const int32_t slot = r->p.stage_index[i];
+    const int32_t slot = r->stage_index[i];
     if (c->layout == SYMM_LAYOUT_EXPERT) {
         w[0] = c->weights ? r->weights[slot] : 0.0f;
         return;
     }
-    const int t = r->p.send_index[i], dest = slot / c->max_tokens;
+    const int t = r->send_index[i], dest = slot / c->max_tokens;
     const int32_t *ids = r->topk + (size_t)t * K;
     for (int k = 0; k < K; k++) {
         bool local = ids[k] >= 0 && ids[k] < c->experts && ids[k] / L == dest;
@@ -144,7 +282,7 @@ static void one_world(uint64_t seed)
     symm_ref_input in[MAX_W];
     void *x = zalloc((size_t)c.max_tokens * c.hidden * 2);
     for (int s = 0; s < W; s++) {
-        plan_alloc(&r[s], &c, s, cap, counts);
+        plan_alloc(&r[s], &c, s, cap, counts, &g);
         const int pick = moe_rng_int(&g, 4);
         r[s].tokens = pick == 0 ? 0 : pick == 1 ? c.max_tokens : moe_rng_int(&g, c.max_tokens + 1);
         for (int t = 0; t < r[s].tokens; t++)
@@ -152,11 +290,14 @@ static void one_world(uint64_t seed)
         moe_random_floats(&g, r[s].weights, (size_t)r[s].tokens * K, 0.0);
         in[s] = (symm_ref_input){.tokens = r[s].tokens, .x = x, .topk_idx = r[s].topk,
                                  .topk_weights = c.weights ? r[s].weights : NULL};
-        r[s].invalid = symm_nccl_plan_count(&r[s].p, r[s].tokens);
+        r[s].invalid = model_count(&c, &r[s], counts + (size_t)s * bins);
     }
-    /* The all-gather gave every rank the same matrix: each plans its rows. */
-    for (int s = 0; s < W; s++)
-        symm_nccl_plan_rows(&r[s].p, r[s].tokens);
+    /* The all-gather gave every rank the same matrix: each plans its chunks
+     * and packs its rows. */
+    for (int s = 0; s < W; s++) {
+        symm_nccl_plan_chunks(&r[s].p);
+        model_pack(&c, &r[s]);
+    }
 
     symm_ref_recv ref[MAX_W];
     symm_ref_send_stats stats[MAX_W];
@@ -186,7 +327,8 @@ static void one_world(uint64_t seed)
         int32_t *hist = zalloc((size_t)L * 4);
         for (int i = 0; i < rp->n_recv; i++) {
             const symm_nccl_chunk rc = rp->recv_chunks[i];
-            const symm_nccl_plan *sp = &r[rc.peer].p;
+            const rank_plan *sr = &r[rc.peer];
+            const symm_nccl_plan *sp = &sr->p;
             int *k = &next_send[rc.peer][p];
             while (*k < sp->n_send && sp->send_chunks[*k].peer != p)
                 (*k)++;
@@ -204,19 +346,19 @@ static void one_world(uint64_t seed)
                               "seed %llu: rank %d's packed row %lld for itself is outside its self rows [%lld, +%lld)",
                               (unsigned long long)seed, p, (long long)from, (long long)sp->self_first,
                               (long long)sp->self_rows);
-                    cr_assert_eq(sp->self_dst[from - sp->self_first], row,
+                    cr_assert_eq(sr->self_dst[from - sp->self_first], row,
                                  "seed %llu: rank %d's packed row %lld for itself goes to row %d, lands at %lld",
-                                 (unsigned long long)seed, p, (long long)from, sp->self_dst[from - sp->self_first],
+                                 (unsigned long long)seed, p, (long long)from, sr->self_dst[from - sp->self_first],
                                  (long long)row);
                     self_landed[p]++;
                 }
-                cr_assert_arr_eq(sp->send_src + from * 4, rf->src + row * 4, 16,
+                cr_assert_arr_eq(sr->send_src + from * 4, rf->src + row * 4, 16,
                                  "seed %llu: rank %d row %lld: src {%d, %d, %d} against the reference's {%d, %d, %d}",
-                                 (unsigned long long)seed, p, (long long)row, sp->send_src[from * 4],
-                                 sp->send_src[from * 4 + 1], sp->send_src[from * 4 + 2], rf->src[row * 4],
+                                 (unsigned long long)seed, p, (long long)row, sr->send_src[from * 4],
+                                 sr->send_src[from * 4 + 1], sr->send_src[from * 4 + 2], rf->src[row * 4],
                                  rf->src[row * 4 + 1], rf->src[row * 4 + 2]);
-                const int t = sp->send_src[from * 4 + 1];
-                cr_assert_eq(sp->send_index[from], t, "seed %llu: send_index", (unsigned long long)seed);
+                const int t = sr->send_src[from * 4 + 1];
+                cr_assert_eq(sr->send_index[from], t, "seed %llu: send_index", (unsigned long long)seed);
                 int32_t meta_topk[16];
                 float meta_w[16];
                 pack_meta(&c, &r[rc.peer], from, meta_topk, meta_w);
@@ -231,17 +373,17 @@ static void one_world(uint64_t seed)
                         cr_assert_arr_eq(meta_w, rf->weights + row * K, (size_t)K * 4,
                                          "seed %llu: rank %d row %lld: weights", (unsigned long long)seed, p,
                                          (long long)row);
-                    cr_assert_eq(sp->route[(size_t)t * W + p], row, "seed %llu: route of %d's token %d to %d",
+                    cr_assert_eq(sr->route[(size_t)t * W + p], row, "seed %llu: route of %d's token %d to %d",
                                  (unsigned long long)seed, rc.peer, t, p);
-                    cr_assert_eq(sp->stage_index[from], p * c.max_tokens + t, "seed %llu: stage", (unsigned long long)seed);
+                    cr_assert_eq(sr->stage_index[from], p * c.max_tokens + t, "seed %llu: stage", (unsigned long long)seed);
                 } else {
-                    const int kk = sp->send_src[from * 4 + 2];
+                    const int kk = sr->send_src[from * 4 + 2];
                     if (c.weights)
                         cr_assert_eq(meta_w[0], rf->weights[row], "seed %llu: rank %d row %lld: weight",
                                      (unsigned long long)seed, p, (long long)row);
-                    cr_assert_eq(sp->route[(size_t)t * K + kk], row, "seed %llu: route of %d's (%d, %d)",
+                    cr_assert_eq(sr->route[(size_t)t * K + kk], row, "seed %llu: route of %d's (%d, %d)",
                                  (unsigned long long)seed, rc.peer, t, kk);
-                    cr_assert_eq(sp->stage_index[from], t * K + kk, "seed %llu: stage", (unsigned long long)seed);
+                    cr_assert_eq(sr->stage_index[from], t * K + kk, "seed %llu: stage", (unsigned long long)seed);
                 }
             }
             landed += rc.n;
@@ -273,7 +415,7 @@ static void one_world(uint64_t seed)
         int64_t routed = 0;
         const int per = expert ? K : W;
         for (int i = 0; i < r[s].tokens * per; i++)
-            routed += r[s].p.route[i] >= 0;
+            routed += r[s].route[i] >= 0;
         cr_assert_eq(routed, r[s].p.packed, "seed %llu: rank %d routes %lld rows, packs %lld",
                      (unsigned long long)seed, s, (long long)routed, (long long)r[s].p.packed);
         for (int p = 0; p < W; p++) {

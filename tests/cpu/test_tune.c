@@ -262,9 +262,11 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
      .timeout = 600)
 {
     const char *names[] = {"bf16_rank_w2", "fp8_expert_a128_w2"};
-    const char *kernels[3][5] = {{"symm_dispatch", "symm_dispatch_smem"},
-                                 {"symm_combine", "symm_combine_smem"},
-                                 {"symm_reduce", "symm_move_rows", "symm_pack_meta", "symm_copy_ranks", "symm_count_experts"}};
+    enum { MAX_KERNELS = 6 };
+    const char *kernels[3][MAX_KERNELS] = {{"symm_dispatch", "symm_dispatch_smem"},
+                                           {"symm_combine", "symm_combine_smem"},
+                                           {"symm_reduce", "symm_move_rows", "symm_nccl_count", "symm_nccl_scan",
+                                            "symm_nccl_pack", "symm_count_experts"}};
     for (size_t v = 0; v < 2; v++) {
         char *src = read_variant(names[v]);
         const char *options[] = {"-std=c++17", "-default-device"};
@@ -275,7 +277,7 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
         for (int p = 0; p < 3; p++)
             cr_assert_str_eq(res[p].log, "", "%s, part %d: NVRTC warns: %s", names[v], p + 1, res[p].log);
         for (int owner = 0; owner < 3; owner++)
-            for (int k = 0; k < 5 && kernels[owner][k]; k++)
+            for (int k = 0; k < MAX_KERNELS && kernels[owner][k]; k++)
                 for (int p = 0; p < 3; p++)
                     cr_assert_eq(has_symbol(&res[p], kernels[owner][k]), p == owner, "%s: %s in part %d: %s",
                                  names[v], kernels[owner][k], p + 1, p == owner ? "missing" : "present");

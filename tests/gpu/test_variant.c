@@ -1145,7 +1145,7 @@ Test(variant, nccl_backend_refuses_stream_capture_saying_why)
 
 /* Ranks that share a GPU cannot have the NCCL backend, and are told so. The
  * refusal comes after the variant's kernels (the NCCL backend's own among
- * them, a third JIT part) were compiled and loaded and its host routing set
+ * them, a third JIT part) were compiled and loaded and its buffers set
  * up, so on one GPU this runs that much of the backend; everything is
  * released, and the same world still makes a native variant that works. */
 Test(variant, nccl_backend_on_a_shared_gpu_is_refused_after_its_kernels_load)
