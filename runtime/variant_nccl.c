@@ -81,6 +81,7 @@ static symm_status dev_alloc(const symm_cuda_api *cu, CUdeviceptr *out, size_t b
 }
 
 static symm_status nccl_buffers(symm_variant *v);
+static symm_status connect_peers(symm_variant *v);
 
 symm_status symm_variant_nccl_setup(symm_variant *v)
 {
@@ -90,7 +91,8 @@ symm_status symm_variant_nccl_setup(symm_variant *v)
     v->nccl = n;
     symm_status local = n ? nccl_buffers(v) : symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
     SYMM_TRY(symm_agree(v->world, local, "NCCL backend: allocating buffers"));
-    return symm_nccl_create(v->world, v->dev, &n->comm);
+    SYMM_TRY(symm_nccl_create(v->world, v->dev, &n->comm));
+    return symm_agree(v->world, connect_peers(v), "NCCL backend: connecting the peers");
 }
 
 static symm_status nccl_buffers(symm_variant *v)
@@ -240,6 +242,60 @@ static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, 
     }
 }
 
+/* Inside an NCCL group: the first failure is kept and the rest of the
+ * group's operations are skipped, and the group is closed whatever failed
+ * (group_end), so that no group stays open on this thread. */
+#define GROUP_OP(call)                                                                  \
+    do {                                                                                \
+        if (st == SYMM_OK)                                                              \
+            st = symm_nccl_check(nc, comm, nc->call, #call);                            \
+    } while (0)
+
+static symm_status group_end(const symm_nccl_api *nc, ncclComm_t comm, symm_status st)
+{
+    const symm_status end = symm_nccl_check(nc, comm, nc->ncclGroupEnd(), "ncclGroupEnd");
+    return st != SYMM_OK ? st : end;
+}
+
+/* NCCL connects peers inside the host calls of a communicator's first
+ * operations (per peer and direction for send and receive, per algorithm for
+ * a collective) and waits there for the peer with no timeout of its own. So
+ * that no later call can wait there, the operations dispatch and combine make
+ * run once now, while every rank is in create: the count all-gather (the
+ * same size, hence the same algorithm) and a send to and a receive from
+ * every peer. A peer that stops arriving later leaves only NCCL's kernels
+ * waiting, and every host wait times those out. */
+static symm_status connect_peers(symm_variant *v)
+{
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_nccl_api *nc = n->api;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    const int W = v->desc->world, me = v->rank;
+    CUstream stream;
+    SYMM_CU(cu, cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    const CUdeviceptr my_counts = n->d_counts + (size_t)me * n->bins * 4;
+    symm_status st = symm_nccl_check(nc, comm, nc->ncclAllGather((const void *)my_counts, (void *)n->d_counts,
+                                                                 (size_t)n->bins, ncclInt32, comm, stream),
+                                     "ncclAllGather");
+    if (st == SYMM_OK && (st = symm_nccl_check(nc, comm, nc->ncclGroupStart(), "ncclGroupStart")) == SYMM_OK) {
+        for (int p = 0; p < W; p++) {
+            if (p == me)
+                continue;
+            GROUP_OP(ncclSend((const void *)n->d_send_src, 16, ncclUint8, p, comm, stream));
+            GROUP_OP(ncclRecv((void *)n->d_stage, 16, ncclUint8, p, comm, stream));
+        }
+        st = group_end(nc, comm, st);
+    }
+    if (st == SYMM_OK)
+        st = wait_work(v, stream, true, "connecting the peers (NCCL)");
+    cu->cuStreamDestroy(stream);
+    if (st != SYMM_OK)
+        symm_fail_context(st, "rank %d: ", me);
+    return st;
+}
+
 symm_status symm_variant_nccl_quiesce(symm_variant *v)
 {
     struct symm_variant_nccl *n = v->nccl;
@@ -298,34 +354,34 @@ static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, C
     const size_t row = (size_t)d->hidden * symm_dtype_size(d->dtype), sc = (size_t)d->hidden / SYMM_FP8_BLOCK * 4;
     const size_t wrow = d->layout == SYMM_LAYOUT_RANK ? (size_t)K * 4 : 4;
     SYMM_NCCL(nc, comm, ncclGroupStart());
+    symm_status st = SYMM_OK;
     for (int i = 0; i < n->plan.n_send; i++) {
         const chunk c = n->send_chunks[i];
         if (c.peer == v->rank)
             continue;
-        SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
-        SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+        GROUP_OP(ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        GROUP_OP(ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-            SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclSend((void *)(n->d_send_scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
         if (d->layout == SYMM_LAYOUT_RANK)
-            SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_topk + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclSend((void *)(n->d_send_topk + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
         if (d->weights)
-            SYMM_NCCL(nc, comm, ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
     }
     for (int i = 0; i < n->plan.n_recv; i++) {
         const chunk c = n->recv_chunks[i];
         if (c.peer == v->rank)
             continue;
-        SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
-        SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+        GROUP_OP(ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        GROUP_OP(ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-            SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclRecv((void *)(rb->scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
         if (d->layout == SYMM_LAYOUT_RANK)
-            SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->topk_idx + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclRecv((void *)(rb->topk_idx + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
         if (d->weights)
-            SYMM_NCCL(nc, comm, ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
     }
-    SYMM_NCCL(nc, comm, ncclGroupEnd());
-    return SYMM_OK;
+    return group_end(nc, comm, st);
 }
 
 /* A packed array: with src_index, x (or its scales) gathered, the rows for
@@ -459,17 +515,18 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     /* Each chunk received from a peer goes back as one run of y; what comes
      * back lands in packed order in the stage. */
     SYMM_NCCL(nc, comm, ncclGroupStart());
+    symm_status st = SYMM_OK;
     for (int i = 0; i < p->n_recv; i++) {
         const chunk c = n->recv_chunks[i];
         if (c.peer != v->rank)
-            SYMM_NCCL(nc, comm, ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     for (int i = 0; i < p->n_send; i++) {
         const chunk c = n->send_chunks[i];
         if (c.peer != v->rank)
-            SYMM_NCCL(nc, comm, ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
+            GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
-    SYMM_NCCL(nc, comm, ncclGroupEnd());
+    SYMM_TRY(group_end(nc, comm, st));
     /* Into COMBINE_IN: the peers' rows from the stage; the sum reads this
      * rank's own from y. */
     CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;

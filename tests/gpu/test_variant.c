@@ -950,9 +950,11 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
  * dispatch itself fails with SYMM_ERR_TIMEOUT after the variant's timeout,
  * later calls fail at once with the same error, and destroy frees
  * everything (the communicator is aborted, so NCCL's kernel that still
- * waits for the peer on this GPU returns). Every rank makes one call first:
- * NCCL connects peers inside the host calls of a communicator's first
- * operations, and waits there without a timeout of its own. */
+ * waits for the peer on this GPU returns). The peers never call the
+ * variant at all: NCCL connects peers inside the host calls of a
+ * communicator's first operations and waits there without a timeout of its
+ * own, so create makes those operations (runtime/variant_nccl.c,
+ * connect_peers) and no call of rank 0 may wait there. */
 Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destroy_frees_everything)
 {
     vt t;
@@ -967,8 +969,6 @@ Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destro
     warm_up_then_snapshot(&t, &o, &c, &fds_before, &free_before);
 
     vt_open(&t, &o);
-    gpu_case_call(&t, &c, 1, false);
-    EXPECT_OK(symm_world_barrier(t.c.world));
     if (t.c.rank == 0) {
         symm_dispatch_args a = good_args(t.d, &c.b, c.k->in[0].tokens, false);
         double t0 = now_s();
