@@ -162,6 +162,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_count", &v->fn_nccl_count));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scan", &v->fn_nccl_scan));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_pack", &v->fn_nccl_pack));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_gather", &v->fn_nccl_gather));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_count_experts", &v->fn_count_experts));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_reduce", &v->fn_reduce));
         return SYMM_OK;

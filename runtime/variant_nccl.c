@@ -11,8 +11,9 @@
  * rank's rows per destination on the GPU and moves every contiguous run of destination
  * rows ("chunk": a destination rank for layout rank, a destination (rank,
  * expert) for layout expert) with one send/receive per array. This rank's
- * rows for itself never go through NCCL: one kernel moves them from x
- * straight to their received rows. Combine sends each received chunk of y
+ * rows for itself never go through NCCL: the pack kernel writes their
+ * metadata and the gather kernel their rows of x straight to their received
+ * rows. Combine sends each received chunk of y
  * back as one contiguous run, moves what comes back into COMBINE_IN and runs
  * the native sum, which reads this rank's own rows from y. Dispatch
  * returns once its work is queued; the next dispatch waits for the last
@@ -328,20 +329,6 @@ static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdevicep
                            "launch of symm_move_rows");
 }
 
-/* Packed rows [0, P) but this rank's own, which stay out of NCCL's way: the
- * runs before and after them. */
-static symm_status launch_move_others(const symm_variant *v, CUdeviceptr src, CUdeviceptr src_index,
-                                      CUdeviceptr dst, CUdeviceptr dst_index, int64_t row_bytes, CUstream stream)
-{
-    const symm_nccl_plan *p = &v->nccl->plan;
-    const int64_t a = p->self_first, b = p->self_first + p->self_rows, P = p->packed;
-    SYMM_TRY(launch_move(v, src, src_index, dst, dst_index, a, row_bytes, stream));
-    /* From row b on: an index moves by b entries, an array without one by b rows. */
-    return launch_move(v, src_index ? src : src + b * row_bytes, src_index ? src_index + b * 4 : 0,
-                       dst_index ? dst : dst + b * row_bytes, dst_index ? dst_index + b * 4 : 0, P - b, row_bytes,
-                       stream);
-}
-
 /* One send/receive per array per chunk with a peer, in one NCCL group (this
  * rank's rows for itself were moved already). */
 static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, CUstream stream)
@@ -382,21 +369,6 @@ static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, C
             GROUP_OP(ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
     }
     return group_end(nc, comm, st);
-}
-
-/* A packed array: with src_index, x (or its scales) gathered, the rows for
- * peers into the send buffer and this rank's own straight to their received
- * rows; without, the array was packed on the host into send, and only this
- * rank's own rows move, from there to their received rows. */
-static symm_status move_packed(symm_variant *v, CUdeviceptr src, CUdeviceptr src_index, CUdeviceptr send,
-                               CUdeviceptr recv, int64_t row_bytes, CUstream stream)
-{
-    const symm_nccl_plan *p = &v->nccl->plan;
-    if (src_index)
-        SYMM_TRY(launch_move_others(v, src, src_index, send, 0, row_bytes, stream));
-    const CUdeviceptr self_src = src_index ? src : send + p->self_first * row_bytes;
-    const CUdeviceptr self_index = src_index ? src_index + p->self_first * 4 : 0;
-    return launch_move(v, self_src, self_index, recv, v->nccl->d_self_dst, p->self_rows, row_bytes, stream);
 }
 
 static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, CUstream stream)
@@ -446,9 +418,10 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     st->dropped_recv = plan->dropped_recv;
     st->dropped_send = plan->dropped_send;
 
-    /* Each row placed, and its metadata packed, on the GPU. */
-    const size_t xrow = (size_t)d->hidden * symm_dtype_size(d->dtype);
-    const size_t wrow = expert ? 4 : (size_t)K * 4;
+    /* Each row placed, and its metadata packed, on the GPU: the peers' rows
+     * into the send buffer, this rank's own straight to their received rows. */
+    symm_recv_buffers rb;
+    SYMM_TRY(symm_variant_recv(v, &rb));
     if (T > 0) {
         for (int i = 0; i < 2 * n->bins; i++)
             n->h_bins[i] = (int32_t)plan->base[i];
@@ -458,21 +431,20 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         int64_t self_first = plan->self_first;
         void *params[] = {&topk, &weights, &scratch, &n->d_work, &n->d_bins, &tokens, (void *)&blocks,
                           (void *)&wpb, (void *)&me, &self_first, &n->d_send_index, &n->d_stage_index,
-                          &n->d_send_src, &n->d_send_topk, &n->d_send_weights, &n->d_self_dst};
+                          &n->d_send_src, &n->d_send_topk, &n->d_send_weights, &n->d_self_dst, &rb.src,
+                          &rb.topk_idx, &rb.weights};
         SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_pack, grid_for((int64_t)T * (expert ? K : W), 256), 1, 1, 256, 1, 1,
                                    0, stream, params, NULL));
     }
-    symm_recv_buffers rb;
-    SYMM_TRY(symm_variant_recv(v, &rb));
-    SYMM_TRY(move_packed(v, (CUdeviceptr)a->x, n->d_send_index, n->d_send_x, rb.x, (int64_t)xrow, stream));
-    if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-        SYMM_TRY(move_packed(v, (CUdeviceptr)a->x_scales, n->d_send_index, n->d_send_scales, rb.scales,
-                             d->hidden / SYMM_FP8_BLOCK * 4, stream));
-    SYMM_TRY(move_packed(v, 0, 0, n->d_send_src, rb.src, 16, stream));
-    if (!expert)
-        SYMM_TRY(move_packed(v, 0, 0, n->d_send_topk, rb.topk_idx, (int64_t)K * 4, stream));
-    if (d->weights)
-        SYMM_TRY(move_packed(v, 0, 0, n->d_send_weights, rb.weights, (int64_t)wrow, stream));
+    if (plan->packed > 0) {
+        enum { WARPS = 8 };
+        CUdeviceptr x = (CUdeviceptr)a->x, scales = (CUdeviceptr)a->x_scales;
+        int64_t rows = plan->packed, self_first = plan->self_first, self_rows = plan->self_rows;
+        void *params[] = {&x, &scales, &n->d_send_index, &rows, &self_first, &self_rows, &n->d_self_dst,
+                          &n->d_send_x, &n->d_send_scales, &rb.x, &rb.scales};
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_gather, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
+                                   params, NULL));
+    }
     SYMM_TRY(exchange_rows(v, &rb, stream));
 
     /* What this rank received. */
@@ -527,10 +499,12 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
             GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     SYMM_TRY(group_end(nc, comm, st));
-    /* Into COMBINE_IN: the peers' rows from the stage; the sum reads this
-     * rank's own from y. */
+    /* Into COMBINE_IN: the peers' rows from the stage, in one launch over
+     * every packed row (this rank's own have the slot -1, and the sum reads
+     * them from y), none when every row was this rank's own. */
     CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
-    SYMM_TRY(launch_move_others(v, n->d_stage, 0, combine_in, n->d_stage_index, (int64_t)crow, stream));
+    if (p->packed > p->self_rows)
+        SYMM_TRY(launch_move(v, n->d_stage, 0, combine_in, n->d_stage_index, p->packed, (int64_t)crow, stream));
     SYMM_TRY(symm_variant_launch_reduce(v, y, out, stream));
     SYMM_CU(cu, cuEventRecord(n->done, stream));
     return SYMM_OK;

@@ -40,6 +40,7 @@ typedef struct rank_plan {
     int32_t *route;         /* [T, topk or world] */
     float *token_weights;   /* [T, topk] */
     int32_t *send_index, *stage_index, *send_src, *self_dst;
+    int32_t *own_src;       /* [capacity, 4]: recv_src of this rank's rows for itself, by received row */
 } rank_plan;
 
 static void *zalloc(size_t n)
@@ -73,12 +74,13 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
     r->stage_index = zalloc(M * 4);
     r->send_src = zalloc(M * 16);
     r->self_dst = zalloc(M * 4);
+    r->own_src = zalloc((size_t)cap * 16);
 }
 
 static void plan_free(rank_plan *r)
 {
     void *bufs[] = {r->topk, r->weights, r->work, r->route, r->token_weights, r->send_index, r->stage_index,
-                    r->send_src, r->self_dst, r->p.expert, r->p.base, r->p.send_chunks, r->p.recv_chunks};
+                    r->send_src, r->self_dst, r->own_src, r->p.expert, r->p.base, r->p.send_chunks, r->p.recv_chunks};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
 }
@@ -220,29 +222,31 @@ static void model_pack(const symm_ref_config *c, rank_plan *r)
                 continue;
             }
             *route = (int32_t)dest;
-            if ((expert ? bin / L : bin) == me)
+            /* This rank's own rows: their metadata straight to the received
+             * row, their COMBINE_IN slot -1. */
+            const bool own = (expert ? bin / L : bin) == me;
+            if (own)
                 r->self_dst[at - r->p.self_first] = (int32_t)dest;
             r->send_index[at] = t;
-            r->stage_index[at] = expert ? t * K + slot : slot * c->max_tokens + t;
-            int32_t *src = r->send_src + at * 4;
+            r->stage_index[at] = own ? -1 : expert ? t * K + slot : slot * c->max_tokens + t;
+            int32_t *src = own ? r->own_src + dest * 4 : r->send_src + at * 4;
             src[0] = me, src[1] = t, src[2] = expert ? slot : -1, src[3] = 0;
         }
     }
 }
 
-/* The rest of symm_nccl_pack's packed row i, from the caller's top-k
- * arrays, its token (send_index) and its COMBINE_IN slot (stage_index):
+/* The rest of the metadata symm_nccl_pack writes for a row of token t for
+ * rank dest (entry k for layout expert), from the caller's top-k arrays:
  * layout rank, the local ids at the destination and their weights; layout
  * expert, the weight of its k. */
-static void pack_meta(const symm_ref_config *c, const rank_plan *r, int64_t i, int32_t *topk, float *w)
+static void pack_meta(const symm_ref_config *c, const rank_plan *r, int t, int dest, int k_expert, int32_t *topk,
+                      float *w)
 {
     const int K = c->topk, L = c->experts / c->world;
-    const int32_t slot = r->stage_index[i];
     if (c->layout == SYMM_LAYOUT_EXPERT) {
-        w[0] = c->weights ? r->weights[slot] : 0.0f;
+        w[0] = c->weights ? r->weights[(size_t)t * K + k_expert] : 0.0f;
         return;
     }
-    const int t = r->send_index[i], dest = slot / c->max_tokens;
     const int32_t *ids = r->topk + (size_t)t * K;
     for (int k = 0; k < K; k++) {
         bool local = ids[k] >= 0 && ids[k] < c->experts && ids[k] / L == dest;
@@ -352,16 +356,19 @@ static void one_world(uint64_t seed)
                                  (long long)row);
                     self_landed[p]++;
                 }
-                cr_assert_arr_eq(sr->send_src + from * 4, rf->src + row * 4, 16,
+                /* A row for a peer carries its metadata from the send buffer;
+                 * a rank's own row has it at its received row already. */
+                const bool own = rc.peer == p;
+                const int32_t *src = own ? sr->own_src + row * 4 : sr->send_src + from * 4;
+                cr_assert_arr_eq(src, rf->src + row * 4, 16,
                                  "seed %llu: rank %d row %lld: src {%d, %d, %d} against the reference's {%d, %d, %d}",
-                                 (unsigned long long)seed, p, (long long)row, sr->send_src[from * 4],
-                                 sr->send_src[from * 4 + 1], sr->send_src[from * 4 + 2], rf->src[row * 4],
+                                 (unsigned long long)seed, p, (long long)row, src[0], src[1], src[2], rf->src[row * 4],
                                  rf->src[row * 4 + 1], rf->src[row * 4 + 2]);
-                const int t = sr->send_src[from * 4 + 1];
+                const int t = src[1];
                 cr_assert_eq(sr->send_index[from], t, "seed %llu: send_index", (unsigned long long)seed);
                 int32_t meta_topk[16];
                 float meta_w[16];
-                pack_meta(&c, &r[rc.peer], from, meta_topk, meta_w);
+                pack_meta(&c, &r[rc.peer], t, p, src[2], meta_topk, meta_w);
                 if (!expert) {
                     cr_assert_arr_eq(meta_topk, rf->topk_idx + row * K, (size_t)K * 4,
                                      "seed %llu: rank %d row %lld: local top-k ids", (unsigned long long)seed, p,
@@ -375,15 +382,17 @@ static void one_world(uint64_t seed)
                                          (long long)row);
                     cr_assert_eq(sr->route[(size_t)t * W + p], row, "seed %llu: route of %d's token %d to %d",
                                  (unsigned long long)seed, rc.peer, t, p);
-                    cr_assert_eq(sr->stage_index[from], p * c.max_tokens + t, "seed %llu: stage", (unsigned long long)seed);
+                    cr_assert_eq(sr->stage_index[from], own ? -1 : p * c.max_tokens + t, "seed %llu: stage",
+                                 (unsigned long long)seed);
                 } else {
-                    const int kk = sr->send_src[from * 4 + 2];
+                    const int kk = src[2];
                     if (c.weights)
                         cr_assert_eq(meta_w[0], rf->weights[row], "seed %llu: rank %d row %lld: weight",
                                      (unsigned long long)seed, p, (long long)row);
                     cr_assert_eq(sr->route[(size_t)t * K + kk], row, "seed %llu: route of %d's (%d, %d)",
                                  (unsigned long long)seed, rc.peer, t, kk);
-                    cr_assert_eq(sr->stage_index[from], t * K + kk, "seed %llu: stage", (unsigned long long)seed);
+                    cr_assert_eq(sr->stage_index[from], own ? -1 : t * K + kk, "seed %llu: stage",
+                                 (unsigned long long)seed);
                 }
             }
             landed += rc.n;

@@ -262,11 +262,11 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
      .timeout = 600)
 {
     const char *names[] = {"bf16_rank_w2", "fp8_expert_a128_w2"};
-    enum { MAX_KERNELS = 6 };
+    enum { MAX_KERNELS = 7 };
     const char *kernels[3][MAX_KERNELS] = {{"symm_dispatch", "symm_dispatch_smem"},
                                            {"symm_combine", "symm_combine_smem"},
                                            {"symm_reduce", "symm_move_rows", "symm_nccl_count", "symm_nccl_scan",
-                                            "symm_nccl_pack", "symm_count_experts"}};
+                                            "symm_nccl_pack", "symm_nccl_gather", "symm_count_experts"}};
     for (size_t v = 0; v < 2; v++) {
         char *src = read_variant(names[v]);
         const char *options[] = {"-std=c++17", "-default-device"};
