@@ -16,8 +16,9 @@
  * rows. Combine sends each received chunk of y
  * back as one contiguous run, moves what comes back into COMBINE_IN and runs
  * the native sum, which reads this rank's own rows from y. Dispatch
- * returns once its work is queued; the next dispatch waits for the last
- * call's work before it reuses the host buffers. Because the host waits
+ * returns once its work is queued; the next dispatch queues its work after
+ * the last call's (an event) and rewrites the host buffers only after its
+ * own wait. Because the host waits
  * inside dispatch, a call during stream capture is refused.
  *
  * Every host wait polls, watching NCCL's asynchronous error and the
@@ -381,11 +382,13 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
     const int W = d->world, K = d->topk, L = d->experts / d->world;
     const int expert = d->layout == SYMM_LAYOUT_EXPERT;
-    /* The last call's copies from the host buffers, and its use of the
-     * device ones, are done before this call rewrites them. */
-    SYMM_TRY(wait_work(v, NULL, false, "the last call's work"));
-    device_state *st = n->h_state;
-    memset(st, 0, sizeof *st);
+    /* This call's work runs after the last call's (which may have been on
+     * another stream): its kernels and NCCL's reuse the device buffers only
+     * then, and the host rewrites the host buffers (the sources of the last
+     * call's copies) only after the wait for the count exchange below,
+     * which waits for the last call's work too. The host does not block on
+     * the last call here. */
+    SYMM_CU(cu, cuStreamWaitEvent(stream, n->done, 0));
 
     /* This rank's count row on the GPU, every rank's by the all-gather, and
      * the one wait: NCCL's calls below need the sizes. */
@@ -408,6 +411,8 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_counts, n->d_counts, (size_t)W * row_bytes, stream));
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_info, n->d_info, 16, stream));
     SYMM_TRY(wait_work(v, stream, true, "the count exchange (ncclAllGather)"));
+    device_state *st = n->h_state;
+    memset(st, 0, sizeof *st);
     const int T = n->h_info[0];
     st->clamped = n->h_info[1];
     st->invalid = n->h_info[2];

@@ -1113,6 +1113,42 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
 
 /* ---- 4. backends -------------------------------------------------------------------------- */
 
+/* The NCCL backend's calls on two streams, queued with no synchronisation
+ * between them: the second dispatch's work (which rewrites the route, the
+ * plan's device arrays and the received rows) must queue after the first
+ * combine's, which read them, on another stream. Both combines exact. */
+Test(variant, nccl_backend_pairs_on_two_streams_queue_in_order)
+{
+    vt t;
+    vt_setup(&t, "nccl-streams", ANY, 0);
+    if (nccl_cannot_run(&t))
+        cr_skip_test("NCCL needs one GPU per rank");
+    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
+    vt_open(&t, &o);
+    vt u = t;
+    CU_OK(cuStreamCreate(&u.stream, CU_STREAM_NON_BLOCKING));
+    gpu_case a, b;
+    int tokens[MAX_W];
+    random_tokens(&t, tokens, 500);
+    gpu_case_upload(&t, &a, moe_rng_for(t.seed, 11, 0).s, t.seed ^ 0x5a, tokens, false);
+    gpu_case_poison(&t, &a);
+    random_tokens(&t, tokens, 501);
+    gpu_case_upload(&t, &b, moe_rng_for(t.seed, 11, 1).s, t.seed ^ 0xa5, tokens, false);
+    gpu_case_poison(&t, &b);
+    EXPECT_OK(symm_variant_dispatch(t.v, &a.args, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)a.y, (void *)a.out, t.stream));
+    EXPECT_OK(symm_variant_dispatch(t.v, &b.args, u.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)b.y, (void *)b.out, u.stream));
+    CU_OK(cuStreamSynchronize(u.stream));
+    CU_OK(cuStreamSynchronize(t.stream));
+    expect_out(&t, a.k, a.out, "the first pair's combine out (first stream)");
+    expect_results(&u, b.k, b.out, 2, false);
+    CU_OK(cuStreamDestroy(u.stream));
+    gpu_case_free(&a);
+    gpu_case_free(&b);
+    vt_end(&t);
+}
+
 Test(variant, nccl_backend_refuses_stream_capture_saying_why)
 {
     vt t;
