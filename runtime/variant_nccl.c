@@ -62,7 +62,8 @@ struct symm_variant_nccl {
     /* device */
     CUdeviceptr d_counts, d_info, d_bins, d_work, d_send_index, d_stage_index, d_send_x, d_send_scales,
         d_send_src, d_send_topk, d_send_weights, d_stage, d_self_dst;
-    CUevent done;        /* recorded after each call's work: the host buffers are free again */
+    CUevent done;        /* recorded after each call's work: the next dispatch's stream, and destroy,
+                            wait for it */
     /* the routing of the last dispatch (its arrays are the pinned ones above) */
     symm_nccl_plan plan;
     chunk *send_chunks, *recv_chunks;
@@ -259,6 +260,20 @@ static symm_status group_end(const symm_nccl_api *nc, ncclComm_t comm, symm_stat
     return st != SYMM_OK ? st : end;
 }
 
+/* The count all-gather: every rank's count row into d_counts. Dispatch's and
+ * create's (connect_peers) are this one call, so that they take the same
+ * algorithm. */
+static symm_status queue_count_gather(symm_variant *v, CUstream stream)
+{
+    struct symm_variant_nccl *n = v->nccl;
+    const symm_nccl_api *nc = n->api;
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    const CUdeviceptr mine = n->d_counts + (size_t)v->rank * n->bins * 4;
+    return symm_nccl_check(nc, comm, nc->ncclAllGather((const void *)mine, (void *)n->d_counts, (size_t)n->bins,
+                                                       ncclInt32, comm, stream),
+                           "ncclAllGather");
+}
+
 /* NCCL connects peers inside the host calls of a communicator's first
  * operations (per peer and direction for send and receive, per algorithm for
  * a collective) and waits there for the peer with no timeout of its own. So
@@ -277,10 +292,7 @@ static symm_status connect_peers(symm_variant *v)
     const int W = v->desc->world, me = v->rank;
     CUstream stream;
     SYMM_CU(cu, cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-    const CUdeviceptr my_counts = n->d_counts + (size_t)me * n->bins * 4;
-    symm_status st = symm_nccl_check(nc, comm, nc->ncclAllGather((const void *)my_counts, (void *)n->d_counts,
-                                                                 (size_t)n->bins, ncclInt32, comm, stream),
-                                     "ncclAllGather");
+    symm_status st = queue_count_gather(v, stream);
     if (st == SYMM_OK && (st = symm_nccl_check(nc, comm, nc->ncclGroupStart(), "ncclGroupStart")) == SYMM_OK) {
         for (int p = 0; p < W; p++) {
             if (p == me)
@@ -378,8 +390,6 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     struct symm_variant_nccl *n = v->nccl;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    const symm_nccl_api *nc = n->api;
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
     const int W = d->world, K = d->topk, L = d->experts / d->world;
     const int expert = d->layout == SYMM_LAYOUT_EXPERT;
     /* This call's work runs after the last call's (which may have been on
@@ -393,7 +403,6 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     /* This rank's count row on the GPU, every rank's by the all-gather, and
      * the one wait: NCCL's calls below need the sizes. */
     const int wpb = n->plan_wpb, blocks = PLAN_BLOCKS, me = v->rank;
-    const CUdeviceptr my_counts = n->d_counts + (size_t)me * n->bins * 4;
     {
         CUdeviceptr topk = (CUdeviceptr)a->topk_idx, weights = (CUdeviceptr)a->topk_weights;
         CUdeviceptr tokens_dev = (CUdeviceptr)a->tokens_dev, scratch = v->scratch;
@@ -401,13 +410,12 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         void *params[] = {&topk, &weights, &tokens_dev, &tokens, &scratch, &n->d_work, &n->d_info};
         SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_count, blocks, 1, 1, (unsigned)wpb * 32, 1, 1,
                                    (unsigned)(wpb * n->bins * 4), stream, params, NULL));
-        CUdeviceptr counts = my_counts;
+        CUdeviceptr counts = n->d_counts + (size_t)me * n->bins * 4; /* this rank's row */
         void *scan_params[] = {&n->d_work, (void *)&blocks, (void *)&wpb, &counts, &n->d_info};
         SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_scan, 1, 1, 1, 1024, 1, 1, 0, stream, scan_params, NULL));
     }
     const size_t row_bytes = (size_t)n->bins * 4;
-    SYMM_NCCL(nc, comm, ncclAllGather((const void *)my_counts, (void *)n->d_counts, (size_t)n->bins, ncclInt32,
-                                      comm, stream));
+    SYMM_TRY(queue_count_gather(v, stream));
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_counts, n->d_counts, (size_t)W * row_bytes, stream));
     SYMM_CU(cu, cuMemcpyDtoHAsync(n->h_info, n->d_info, 16, stream));
     SYMM_TRY(wait_work(v, stream, true, "the count exchange (ncclAllGather)"));
