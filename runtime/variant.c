@@ -158,7 +158,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
     SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
     if (v->backend != SYMM_BACKEND_NATIVE) {
-        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_move_rows", &v->fn_move));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scatter", &v->fn_nccl_scatter));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_count", &v->fn_nccl_count));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scan", &v->fn_nccl_scan));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_pack", &v->fn_nccl_pack));

@@ -60,7 +60,7 @@ struct symm_variant {
     CUmodule module_dispatch;  /* part 1: dispatch */
     CUmodule module_nccl;      /* part 3: the NCCL backend's kernels (that backend only) */
     CUfunction fn_dispatch, fn_combine;             /* native backend */
-    CUfunction fn_move, fn_nccl_count, fn_nccl_scan, fn_nccl_pack, fn_nccl_gather, fn_count_experts,
+    CUfunction fn_nccl_scatter, fn_nccl_count, fn_nccl_scan, fn_nccl_pack, fn_nccl_gather, fn_count_experts,
         fn_reduce; /* NCCL backend */
     unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */

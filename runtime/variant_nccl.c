@@ -326,20 +326,20 @@ static unsigned grid_for(int64_t items, int per_block)
     return (unsigned)(blocks < 4096 ? blocks : 4096);
 }
 
-/* symm_move_rows: row i < rows from src row (src_index ? src_index[i] : i)
- * to dst row (dst_index ? dst_index[i] : i), a warp a row. */
-static symm_status launch_move(const symm_variant *v, CUdeviceptr src, CUdeviceptr src_index, CUdeviceptr dst,
-                               CUdeviceptr dst_index, int64_t rows, int64_t row_bytes, CUstream stream)
+/* symm_nccl_scatter: stage row i < rows to COMBINE_IN slot slot[i] (-1:
+ * none), a warp a row. */
+static symm_status launch_scatter(const symm_variant *v, CUdeviceptr stage, CUdeviceptr slot, int64_t rows,
+                                  CUdeviceptr combine_in, CUstream stream)
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
     if (rows <= 0)
         return SYMM_OK;
     enum { WARPS = 8 };
-    void *params[] = {&src, &src_index, &dst, &dst_index, &rows, &row_bytes};
-    return symm_cuda_check(cu->cuLaunchKernel(v->fn_move, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
-                                              params, NULL),
-                           "launch of symm_move_rows");
+    void *params[] = {&stage, &slot, &rows, &combine_in};
+    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_scatter, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0,
+                                              stream, params, NULL),
+                           "launch of symm_nccl_scatter");
 }
 
 /* One send/receive per array per chunk with a peer, in one NCCL group (this
@@ -517,7 +517,7 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
      * them from y), none when every row was this rank's own. */
     CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
     if (p->packed > p->self_rows)
-        SYMM_TRY(launch_move(v, n->d_stage, 0, combine_in, n->d_stage_index, p->packed, (int64_t)crow, stream));
+        SYMM_TRY(launch_scatter(v, n->d_stage, n->d_stage_index, p->packed, combine_in, stream));
     SYMM_TRY(symm_variant_launch_reduce(v, y, out, stream));
     SYMM_CU(cu, cuEventRecord(n->done, stream));
     return SYMM_OK;

@@ -265,7 +265,7 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
     enum { MAX_KERNELS = 7 };
     const char *kernels[3][MAX_KERNELS] = {{"symm_dispatch", "symm_dispatch_smem"},
                                            {"symm_combine", "symm_combine_smem"},
-                                           {"symm_reduce", "symm_move_rows", "symm_nccl_count", "symm_nccl_scan",
+                                           {"symm_reduce", "symm_nccl_scatter", "symm_nccl_count", "symm_nccl_scan",
                                             "symm_nccl_pack", "symm_nccl_gather", "symm_count_experts"}};
     for (size_t v = 0; v < 2; v++) {
         char *src = read_variant(names[v]);
