@@ -87,6 +87,10 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     /* One 8-byte flag per COMBINE_IN slot: the call whose row has landed in
      * it (combine sums each token as soon as its rows are in). */
     place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", (rank ? W * T : T * K) * 8, true);
+    /* Layout expert: at a chain's head (a token's first row at a peer, which
+     * alone crosses NVLink), the token's other rows there, which the
+     * receiver fills from it (templates/variant.cu.in, DEDUP). */
+    place(out, SYMM_REGION_RECV_CHAIN, "recv_chain", rank ? 0 : cap * (K - 1) * 4, true);
 
     place(out, SYMM_REGION_STATE, "state", SG_STATE_BYTES, false);
     place(out, SYMM_REGION_EXPERT_COUNT, "expert_count", L * 4, false);

@@ -77,6 +77,7 @@ static const char *const region_names[SYMM_REGION_COUNT] = {
     [SYMM_REGION_TOKEN_WEIGHTS] = "TOKEN_WEIGHTS",
     [SYMM_REGION_LAYOUT_WORK] = "LAYOUT_WORK",
     [SYMM_REGION_COMBINE_FLAGS] = "COMBINE_FLAGS",
+    [SYMM_REGION_RECV_CHAIN] = "RECV_CHAIN",
 };
 
 /* Append to a growing string. */

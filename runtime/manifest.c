@@ -51,9 +51,11 @@ static const struct {
     [SYMM_REGION_TOKEN_WEIGHTS] = {"token_weights", 0},
     [SYMM_REGION_LAYOUT_WORK] = {"layout_work", 0},
     [SYMM_REGION_COMBINE_FLAGS] = {"combine_flags", 1},
+    [SYMM_REGION_RECV_CHAIN] = {"recv_chain", 1},
 };
 #define REGION_NAMES "signals, counts, recv_x, recv_scales, recv_src, recv_topk_idx, recv_weights, " \
-                     "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags"
+                     "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
+                     "recv_chain"
 
 /* Indexed by symm_dtype and symm_layout. */
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};

@@ -139,7 +139,7 @@ static void expect_regions(const symm_variant_desc *d, const want_region *want, 
     }
     for (int id = 0; id < SYMM_REGION_COUNT; id++) {
         const symm_region_desc *r = &d->regions[id];
-        const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS;
+        const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS || id == SYMM_REGION_RECV_CHAIN;
         cr_assert_eq(r->symmetric, symmetric, "%s: region %d: symmetric %d", d->name, id, r->symmetric);
         if (!listed[id])
             cr_assert(r->offset == 0 && r->bytes == 0, "%s: region %d is not listed, expected it empty", d->name, id);
@@ -416,6 +416,7 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
             {SYMM_REGION_RECV_SRC, cap * 16},
             {SYMM_REGION_COMBINE_IN, slots * H * (uint64_t)symm_dtype_size(v.combine_dtype)},
             {SYMM_REGION_COMBINE_FLAGS, slots * 8},
+            {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (K - 1) * 4},
             {SYMM_REGION_EXPERT_COUNT, (uint64_t)(v.experts / v.world) * 4},
         };
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
@@ -1106,6 +1107,7 @@ static const char *const region_enum[SYMM_REGION_COUNT] = {
     "SYMM_REGION_RECV_WEIGHTS", "SYMM_REGION_COMBINE_IN",    "SYMM_REGION_STATE",
     "SYMM_REGION_EXPERT_COUNT", "SYMM_REGION_EXPERT_OFFSET", "SYMM_REGION_TOKEN_ROUTE",
     "SYMM_REGION_TOKEN_WEIGHTS", "SYMM_REGION_LAYOUT_WORK", "SYMM_REGION_COMBINE_FLAGS",
+    "SYMM_REGION_RECV_CHAIN",
 };
 
 static void expect_in_stub(const char *stub, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
