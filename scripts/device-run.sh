@@ -5,8 +5,9 @@
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, nccl, world4, world8, sanitize, bench, profile, inline, tune,
 #        dedup, proxy, rtbench (profile, inline, tune and dedup: on 2 GPUs;
-#        dedup times rows g with DEDUP on and off, and with layout rank's
-#        push warps (bench/NOTES.md 37); inline times
+#        dedup times rows g with DEDUP on and off, with layout rank's
+#        push warps (bench/NOTES.md 37) and with its staging buffers
+#        (BULK_SLOTS 2, NOTES.md 39); inline times
 #        rows a, b and f with the timing events between the kernels, as the
 #        2-GPU entries of bench/RESULTS.md before 2026-11-25 were; tune
 #        times the defaults beside the knobs of bench/NOTES.md entries 7-13
@@ -74,7 +75,7 @@ for s in "$@"; do
             LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1 PDL=0
           [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
     dedup) step dedup 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/dedup" scripts/bench-tune.sh --groups g default DEDUP=0 \
-            PUSH_WARPS=4,PUSH_WARPS_SMALL=3
+            PUSH_WARPS=4,PUSH_WARPS_SMALL=3 BULK_SLOTS=2
           [ -f "$out/dedup/tune.md" ] && cp "$out/dedup/tune.md" "$final/dedup.md" ;;
     proxy)
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
