@@ -53,7 +53,9 @@ SYMMRUN   := $(BUILD)/bin/symmrun
 
 # --- generator: symmgen -----------------------------------------------------
 GEN_SRCS  := $(wildcard generator/*.c)
-GEN_OBJS  := $(GEN_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/templates_embed.o
+# symmgen hashes what it writes with the runtime's SHA-256 (one implementation,
+# compiled into both).
+GEN_OBJS  := $(GEN_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/templates_embed.o $(BUILD)/obj/runtime/sha256.o
 GEN_LIB_OBJS := $(filter-out $(BUILD)/obj/generator/main.o,$(GEN_OBJS))
 GEN_INC   := -Igenerator -Iruntime/include $(LUA_INC) $(CUDA_INC)
 LIBSG_A   := $(BUILD)/lib/libsg.a

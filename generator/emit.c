@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "sg.h"
-#include "sg_sha256.h"
+#include "../runtime/sha256.h" /* the runtime's SHA-256, compiled into symmgen too */
 
 #define TEMPLATE_CU "templates/variant.cu.in"
 #define TEMPLATE_H "templates/variant.h.in"
@@ -271,7 +271,7 @@ int sg_generate_variant(const sg_template *table, const sg_variant *v, const cha
 
     int st = expand_named(table, TEMPLATE_CU, &vars, true, &out->cu, diag);
     if (st == SG_EXIT_OK) {
-        sg_sha256_hex(out->cu.data, out->cu.len, out->source_sha256);
+        symm_sha256_hex_of(out->cu.data, out->cu.len, out->source_sha256);
         char symbol[SG_NAME_MAX + 16];
         snprintf(symbol, sizeof symbol, "%s_source", v->name);
         text.len = 0;
@@ -284,14 +284,14 @@ int sg_generate_variant(const sg_template *table, const sg_variant *v, const cha
     if (st == SG_EXIT_OK)
         st = expand_named(table, TEMPLATE_C, &vars, false, &out->c, diag);
     if (st == SG_EXIT_OK) {
-        sg_sha256 h;
-        uint8_t digest[SG_SHA256_SIZE];
-        sg_sha256_init(&h);
-        sg_sha256_update(&h, out->cu.data, out->cu.len);
-        sg_sha256_update(&h, out->h.data, out->h.len);
-        sg_sha256_update(&h, out->c.data, out->c.len);
-        sg_sha256_final(&h, digest);
-        sg_sha256_to_hex(digest, out->content_sha256);
+        symm_sha256_ctx h;
+        uint8_t digest[SYMM_SHA256_SIZE];
+        symm_sha256_init(&h);
+        symm_sha256_update(&h, out->cu.data, out->cu.len);
+        symm_sha256_update(&h, out->h.data, out->h.len);
+        symm_sha256_update(&h, out->c.data, out->c.len);
+        symm_sha256_final(&h, digest);
+        symm_sha256_hex(digest, out->content_sha256);
     }
     sg_buf_free(&text);
     sg_vars_free(&vars);

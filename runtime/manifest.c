@@ -673,10 +673,8 @@ static symm_status load_source(const symm_manifest *m, entry *e)
     symm_status st = read_file(file, SOURCE_MAX_BYTES, what, &source, &len);
     free(file);
     SYMM_TRY(st);
-    uint8_t digest[SYMM_SHA256_SIZE];
     char hex[SYMM_SHA256_HEX_SIZE];
-    symm_sha256(source, len, digest);
-    symm_sha256_hex(digest, hex);
+    symm_sha256_hex_of(source, len, hex);
     if (strcmp(hex, e->source_sha256) != 0)
         st = symm_fail(SYMM_ERR_MISMATCH,
                        "%s: %s does not match the manifest (sha256 %.12s... expected %.12s...): regenerate "

@@ -115,3 +115,10 @@ void symm_sha256_hex(const uint8_t digest[SYMM_SHA256_SIZE], char hex[SYMM_SHA25
     }
     hex[2 * SYMM_SHA256_SIZE] = '\0';
 }
+
+void symm_sha256_hex_of(const void *data, size_t len, char hex[SYMM_SHA256_HEX_SIZE])
+{
+    uint8_t digest[SYMM_SHA256_SIZE];
+    symm_sha256(data, len, digest);
+    symm_sha256_hex(digest, hex);
+}

@@ -1,5 +1,6 @@
-/* sha256.h: SHA-256 (FIPS 180-4), used to key the JIT cache and to check the
- * integrity of cache entries. Internal; not installed. */
+/* sha256.h: SHA-256 (FIPS 180-4), used to key the JIT cache, to check the
+ * integrity of cache entries and sources, and by symmgen for the hashes it
+ * writes into stubs and the manifest. Internal; not installed. */
 #ifndef SYMM_SHA256_H
 #define SYMM_SHA256_H
 
@@ -26,5 +27,8 @@ void symm_sha256(const void *data, size_t len, uint8_t digest[SYMM_SHA256_SIZE])
 
 /* Lowercase hex of a digest, NUL-terminated. */
 void symm_sha256_hex(const uint8_t digest[SYMM_SHA256_SIZE], char hex[SYMM_SHA256_HEX_SIZE]);
+
+/* Lowercase hex digest of one buffer. */
+void symm_sha256_hex_of(const void *data, size_t len, char hex[SYMM_SHA256_HEX_SIZE]);
 
 #endif

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "sg.h"
-#include "sg_sha256.h"
+#include "sha256.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -205,11 +205,11 @@ static void snapshot_rel(const char *root, const char *dir, sg_buf *out)
         FMT(path, "%s/%s", dir, names[i]->d_name);
         struct stat st;
         if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, "..") && lstat(path, &st) == 0) {
-            char hex[SG_SHA256_HEX_SIZE] = "-";
+            char hex[SYMM_SHA256_HEX_SIZE] = "-";
             if (S_ISREG(st.st_mode)) {
                 size_t len;
                 char *data = read_file(path, &len);
-                sg_sha256_hex(data, len, hex);
+                symm_sha256_hex_of(data, len, hex);
                 free(data);
             }
             sg_buf_printf(out, "%s %lld %o %s\n", path + strlen(root), (long long)st.st_size,
@@ -649,14 +649,14 @@ Test(cli, manifest_is_json_and_its_hashes_match_the_files)
                       strlen("{\n  \"format\": 1,\n")) == 0, "%.100s", manifest);
     cr_assert(manifest[strlen(manifest) - 1] == '\n' && manifest[strlen(manifest) - 2] == '}');
     for (int i = 0; i < n; i++) {
-        char key[64], name[32], want[SG_SHA256_HEX_SIZE], got[SG_SHA256_HEX_SIZE];
+        char key[64], name[32], want[SYMM_SHA256_HEX_SIZE], got[SYMM_SHA256_HEX_SIZE];
         FMT(name, "v%d", i);
         FMT(key, "\"name\": \"%s\"", name);
         const char *obj = strstr(manifest, key);
         cr_assert(obj, "no variant %s", name);
-        sg_sha256 h;
-        uint8_t digest[SG_SHA256_SIZE];
-        sg_sha256_init(&h);
+        symm_sha256_ctx h;
+        uint8_t digest[SYMM_SHA256_SIZE];
+        symm_sha256_init(&h);
         const char *ext[] = {"cu", "h", "c"};
         for (int k = 0; k < 3; k++) {
             char rel[64];
@@ -665,15 +665,15 @@ Test(cli, manifest_is_json_and_its_hashes_match_the_files)
             char *data = read_at(rel, &len);
             cr_assert(data, "%s missing", rel);
             if (k == 0) {
-                sg_sha256_hex(data, len, want);
+                symm_sha256_hex_of(data, len, want);
                 json_field(obj, "source_sha256", got, sizeof got);
                 cr_assert_str_eq(got, want, "%s: source_sha256", name);
             }
-            sg_sha256_update(&h, data, len);
+            symm_sha256_update(&h, data, len);
             free(data);
         }
-        sg_sha256_final(&h, digest);
-        sg_sha256_to_hex(digest, want);
+        symm_sha256_final(&h, digest);
+        symm_sha256_hex(digest, want);
         json_field(obj, "content_sha256", got, sizeof got);
         cr_assert_str_eq(got, want, "%s: content_sha256", name);
     }

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "sg.h"
-#include "sg_sha256.h"
+#include "sha256.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -98,11 +98,11 @@ static void snapshot(const char *dir, sg_buf *out)
         FMT(path, "%s/%s", dir, names[i]->d_name);
         struct stat st;
         if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, "..") && lstat(path, &st) == 0) {
-            char hex[SG_SHA256_HEX_SIZE] = "-";
+            char hex[SYMM_SHA256_HEX_SIZE] = "-";
             if (S_ISREG(st.st_mode)) {
                 size_t len;
                 char *data = read_file(path, &len);
-                sg_sha256_hex(data, len, hex);
+                symm_sha256_hex_of(data, len, hex);
                 free(data);
             }
             sg_buf_printf(out, "%s %lld %o %s\n", names[i]->d_name, (long long)st.st_size,
@@ -322,66 +322,6 @@ Test(source_array, every_byte_survives_gcc_and_clang_with_pedantic, .init = setu
     free(data);
 }
 
-/* ---- SHA-256 ------------------------------------------------------------ */
-
-static void check_hex(const void *data, size_t len, const char *want)
-{
-    char hex[SG_SHA256_HEX_SIZE];
-    sg_sha256_hex(data, len, hex);
-    cr_assert_str_eq(hex, want);
-}
-
-Test(sha256, fips_180_vectors)
-{
-    check_hex("", 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-    check_hex("abc", 3, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    const char *two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-    check_hex(two_blocks, strlen(two_blocks), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    char *million = malloc(1000000);
-    memset(million, 'a', 1000000);
-    check_hex(million, 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-    free(million);
-}
-
-Test(sha256, random_data_matches_sha256sum_in_any_chunking, .init = setup, .fini = teardown)
-{
-    for (int round = 0; round < 4; round++) {
-        size_t len = rnd() % 5000 + (round == 0 ? 0 : 55); /* around the padding boundaries too */
-        if (round == 1)
-            len = 55 + rnd() % 10;
-        unsigned char *data = malloc(len + 1);
-        for (size_t i = 0; i < len; i++)
-            data[i] = (unsigned char)rnd();
-        char path[PATH_MAX], cmd[2 * PATH_MAX], out_path[PATH_MAX];
-        FMT(path, "%s/data", tmp_root);
-        FMT(out_path, "%s/sum", tmp_root);
-        write_text(path, data, len);
-        FMT(cmd, "sha256sum %s > %s", path, out_path);
-        cr_assert_eq(system(cmd), 0);
-        size_t n;
-        char *sum = read_file(out_path, &n);
-        cr_assert(n >= 64);
-        sum[64] = '\0';
-        check_hex(data, len, sum);
-
-        sg_sha256 h;
-        uint8_t digest[SG_SHA256_SIZE];
-        char hex[SG_SHA256_HEX_SIZE];
-        sg_sha256_init(&h);
-        for (size_t done = 0; done < len;) {
-            size_t take = rnd() % 130;
-            take = take > len - done ? len - done : take;
-            sg_sha256_update(&h, data + done, take);
-            done += take;
-        }
-        sg_sha256_final(&h, digest);
-        sg_sha256_to_hex(digest, hex);
-        cr_assert_str_eq(hex, sum, "chunked digest of %zu bytes", len);
-        free(sum);
-        free(data);
-    }
-}
-
 /* ---- generating a variant with fixture templates ------------------------ */
 
 static const char fixture_cu[] =
@@ -427,8 +367,8 @@ Test(generate, header_hashes_and_embedded_source_agree)
     cr_assert(strstr(g.cu.data, " */\n#line 2 \"templates/variant.cu.in\"\nconstexpr int HIDDEN"),
               "no #line after the header:\n%s", g.cu.data);
 
-    char hex[SG_SHA256_HEX_SIZE];
-    sg_sha256_hex(g.cu.data, g.cu.len, hex);
+    char hex[SYMM_SHA256_HEX_SIZE];
+    symm_sha256_hex_of(g.cu.data, g.cu.len, hex);
     cr_assert_str_eq(g.source_sha256, hex);
     cr_assert(strstr(g.c.data, hex), "the stub does not carry the source hash");
     char len_line[64];
@@ -439,7 +379,7 @@ Test(generate, header_hashes_and_embedded_source_agree)
     sg_buf_append(&all, g.cu.data, g.cu.len);
     sg_buf_append(&all, g.h.data, g.h.len);
     sg_buf_append(&all, g.c.data, g.c.len);
-    sg_sha256_hex(all.data, all.len, hex);
+    symm_sha256_hex_of(all.data, all.len, hex);
     cr_assert_str_eq(g.content_sha256, hex);
 
     /* The stub compiles cleanly and holds exactly the .cu. */

@@ -19,7 +19,7 @@
 #include "cuda_api.h"
 #include "json.h"
 #include "sg.h"
-#include "sg_sha256.h"
+#include "sha256.h"
 #include "symm_manifest.h"
 #include "symm_world.h"
 #include "world_fork.h"
@@ -287,8 +287,8 @@ Test(manifest, edited_source_is_refused_with_both_hashes)
     size_t at = below(&rng, len);
     edited[at] = (char)(edited[at] == 'x' ? 'y' : 'x');
     spit(cu, edited, len);
-    char got_sha[SG_SHA256_HEX_SIZE], needle[256];
-    sg_sha256_hex(edited, len, got_sha);
+    char got_sha[SYMM_SHA256_HEX_SIZE], needle[256];
+    symm_sha256_hex_of(edited, len, got_sha);
     snprintf(needle, sizeof needle,
              "variant tiny_rank: tiny_rank.cu does not match the manifest (sha256 %.12s... expected %.12s...): "
              "regenerate", got_sha, RANK_SHA);
@@ -459,8 +459,8 @@ Test(manifest, random_variants_from_the_generators_writer_round_trip)
         random_variant(&rng, i, &vs[i]);
         sources[i] = random_source(&rng, &lens[i]);
         gens[i].variant = &vs[i];
-        sg_sha256_hex(sources[i], lens[i], gens[i].source_sha256);
-        sg_sha256_hex(vs[i].name, strlen(vs[i].name), gens[i].content_sha256);
+        symm_sha256_hex_of(sources[i], lens[i], gens[i].source_sha256);
+        symm_sha256_hex_of(vs[i].name, strlen(vs[i].name), gens[i].content_sha256);
         char cu[400];
         snprintf(cu, sizeof cu, "%s/%s.cu", s.dir, vs[i].name);
         spit(cu, sources[i], lens[i]);
@@ -509,7 +509,7 @@ Test(manifest, unknown_name_lists_the_names_the_manifest_has)
     for (int i = 0; i < N; i++) {
         random_variant(&rng, i, &vs[i]);
         gens[i].variant = &vs[i];
-        sg_sha256_hex(vs[i].name, strlen(vs[i].name), gens[i].source_sha256);
+        symm_sha256_hex_of(vs[i].name, strlen(vs[i].name), gens[i].source_sha256);
         memcpy(gens[i].content_sha256, gens[i].source_sha256, sizeof gens[i].content_sha256);
     }
     scratch s;
