@@ -91,7 +91,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, proxy)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
