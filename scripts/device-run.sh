@@ -3,8 +3,9 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, nccl, world4, world8, sanitize, bench, profile, inline, tune,
-#        dedup, proxy, rtbench (profile, inline, tune and dedup: on 2 GPUs;
+#        check, models, nccl, world4, worlds, world8, sanitize, variant,
+#        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench
+#        (profile, inline, tune and dedup: on 2 GPUs;
 #        dedup times rows g with DEDUP on and off, with layout rank's
 #        push warps (bench/NOTES.md 37) and with its staging buffers
 #        (BULK_SLOTS 2, NOTES.md 39); inline times
