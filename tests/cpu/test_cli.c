@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -20,8 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "moe_inputs.h"
 #include "sg.h"
 #include "sha256.h"
+#include "world_fork.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -31,29 +32,15 @@
 static char work[PATH_MAX];     /* fresh per test; symmgen runs here */
 static char symmgen[PATH_MAX];
 static char repo[PATH_MAX];     /* the source tree (specs/, runtime/include) */
-static uint64_t rng_state;
+static moe_rng rng; /* fresh each test */
 
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
+static uint32_t rnd(void) { return (uint32_t)(moe_rng_next(&rng) >> 32); }
 
-static int rnd_in(int lo, int hi) { return lo + (int)(rnd() % (uint32_t)(hi - lo + 1)); }
-
-static int rm_entry(const char *p, const struct stat *s, int f, struct FTW *w)
-{
-    (void)s, (void)f, (void)w;
-    return remove(p);
-}
+static int rnd_in(int lo, int hi) { return lo + moe_rng_int(&rng, hi - lo + 1); }
 
 static void setup(void)
 {
-    rng_state = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
-    if (!rng_state)
-        rng_state = 1;
+    wf_random(&rng.s, sizeof rng.s);
     const char *build = getenv("SYMM_BUILD_DIR");
     char exe[PATH_MAX] = "";
     if (build) {
@@ -76,8 +63,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (work[0])
-        nftw(work, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    wf_rmtree(work);
 }
 
 static char *read_file(const char *path, size_t *len)

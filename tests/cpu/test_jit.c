@@ -6,13 +6,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,30 +21,19 @@
 #include "nvrtc_api.h"
 #include "sha256.h"
 #include "symm_jit.h"
+#include "moe_inputs.h"
+#include "world_fork.h"
 
 #define HEADER SYMM_JIT_CACHE_HEADER_SIZE
 
 static char cache_dir[256];
-static uint64_t rng_state;
+static moe_rng rng; /* fresh each test */
 
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
-}
+static uint64_t rnd(void) { return moe_rng_next(&rng); }
 
 static void setup(void)
 {
-    if (getrandom(&rng_state, sizeof rng_state, 0) != sizeof rng_state || !rng_state)
-        rng_state = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull + 1;
+    wf_random(&rng.s, sizeof rng.s);
     unsetenv("SYMM_CACHE_DIR");
     unsetenv("SYMM_JIT_CACHE");
     unsetenv("SYMM_JIT_DUMP");
@@ -57,7 +44,7 @@ static void setup(void)
 static void teardown(void)
 {
     chmod(cache_dir, 0700);
-    nftw(cache_dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+    wf_rmtree(cache_dir);
 }
 
 TestSuite(jit, .init = setup, .fini = teardown, .timeout = 60);

@@ -8,7 +8,6 @@
 #include <criterion/criterion.h>
 #include <ctype.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,7 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "moe_inputs.h"
 #include "sg.h"
+#include "world_fork.h"
 
 #define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
 #define ROWS_WHY "(rows of whole 16-byte vectors)"
@@ -28,14 +29,11 @@
 static char dir[512];
 static sg_spec spec;
 static sg_diag diag;
-static uint64_t rng;
+static moe_rng rng; /* fresh each test */
 static int pad_lines;
 static unsigned serial;
 
-static void seed(void)
-{
-    rng = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ (uint64_t)clock() ^ 0x9e3779b97f4a7c15ull;
-}
+static void seed(void) { wf_random(&rng.s, sizeof rng.s); }
 
 static void setup(void)
 {
@@ -45,19 +43,11 @@ static void setup(void)
     seed();
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static void teardown(void)
 {
     sg_spec_free(&spec);
     sg_diag_free(&diag);
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    wf_rmtree(dir);
 }
 
 TestSuite(spec, .init = setup, .fini = teardown, .timeout = 60);
@@ -67,10 +57,7 @@ TestSuite(spec, .init = setup, .fini = teardown, .timeout = 60);
 /* Uniform in lo..hi (inclusive). */
 static unsigned rnd(unsigned lo, unsigned hi)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return lo + (unsigned)(rng % ((uint64_t)hi - lo + 1));
+    return lo + (unsigned)(moe_rng_next(&rng) % ((uint64_t)hi - lo + 1));
 }
 
 static const char *path_in(const char *name)

@@ -5,7 +5,6 @@
  * Knobs out of range that bypass the parser stop at the template's
  * static_asserts. */
 #include <criterion/criterion.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 #include "moe_inputs.h"
 #include "symm_jit.h"
 #include "tune.h"
+#include "world_fork.h"
 
 #define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
 
@@ -25,10 +25,7 @@ static uint32_t rnd(void) { return (uint32_t)(moe_rng_next(&rng) >> 32); }
 
 static int rnd_in(int lo, int hi) { return lo + moe_rng_int(&rng, hi - lo + 1); }
 
-static void seed(void)
-{
-    rng.s = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20 ^ (uint64_t)clock();
-}
+static void seed(void) { wf_random(&rng.s, sizeof rng.s); }
 
 static const struct {
     const char *name;
@@ -138,12 +135,6 @@ Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
 
 static char work[64];
 
-static int rm_entry(const char *p, const struct stat *s, int f, struct FTW *w)
-{
-    (void)s, (void)f, (void)w;
-    return remove(p);
-}
-
 static void gen_setup(void)
 {
     seed();
@@ -157,8 +148,7 @@ static void gen_setup(void)
 
 static void gen_teardown(void)
 {
-    if (work[0])
-        nftw(work, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    wf_rmtree(work);
 }
 
 static char *read_variant(const char *name)
