@@ -814,17 +814,19 @@ static void quiet_snapshot(const vt *t, int *fds, size_t *free_bytes)
     EXPECT_OK(symm_world_barrier(t->c.world));
 }
 
-/* Ranks share a GPU and NCCL is not let share it (symmrun --nccl-shared-gpu):
- * says so and ends the test's world; the caller skips. */
-static bool nccl_cannot_run(vt *t)
+/* vt_setup for a test of the NCCL backend: where ranks share a GPU and NCCL
+ * is not let share it (symmrun --nccl-shared-gpu), says so, ends the test's
+ * world and skips (alike on every rank). */
+static void vt_setup_nccl(vt *t, const char *tag, double min_timeout_s)
 {
+    vt_setup(t, tag, ANY, min_timeout_s);
     if (symm_device_gpu_count(t->c.dev) >= t->c.ranks || symm_nccl_shared_gpu_mode())
-        return false;
+        return;
     printf("skipped: NCCL needs one GPU per rank (%d ranks on %d GPUs)\n", t->c.ranks,
            symm_device_gpu_count(t->c.dev));
     fflush(stdout);
     vt_finish(t);
-    return true;
+    cr_skip_test("NCCL needs one GPU per rank");
 }
 
 /* A first variant with a working call pays the one-time costs (module
@@ -958,9 +960,7 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
 Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destroy_frees_everything)
 {
     vt t;
-    vt_setup(&t, "nccl-timeout", ANY, 30.0);
-    if (nccl_cannot_run(&t))
-        cr_skip_test("NCCL needs one GPU per rank");
+    vt_setup_nccl(&t, "nccl-timeout", 30.0);
     const double timeout = 2.0;
     symm_variant_options o = {.backend = SYMM_BACKEND_NCCL, .timeout_s = timeout};
     gpu_case c;
@@ -1120,9 +1120,7 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
 Test(variant, nccl_backend_pairs_on_two_streams_queue_in_order)
 {
     vt t;
-    vt_setup(&t, "nccl-streams", ANY, 0);
-    if (nccl_cannot_run(&t))
-        cr_skip_test("NCCL needs one GPU per rank");
+    vt_setup_nccl(&t, "nccl-streams", 0);
     symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
     vt_open(&t, &o);
     vt u = t;
@@ -1152,9 +1150,7 @@ Test(variant, nccl_backend_pairs_on_two_streams_queue_in_order)
 Test(variant, nccl_backend_refuses_stream_capture_saying_why)
 {
     vt t;
-    vt_setup(&t, "nccl-capture", ANY, 0);
-    if (nccl_cannot_run(&t))
-        cr_skip_test("NCCL needs one GPU per rank");
+    vt_setup_nccl(&t, "nccl-capture", 0);
     symm_variant_options o = {.backend = SYMM_BACKEND_NCCL};
     vt_open(&t, &o);
     gpu_case c;
