@@ -730,8 +730,9 @@ Test(cli, generated_c_of_the_default_spec_compiles_cleanly)
 /* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator);
  * there a small spec with one variant of each layout and an fp8 one stands in
  * for the default spec's 19, to keep the sanitizer run short. */
-Test(cli, compile_of_the_default_spec_reports_a_time_per_variant, .timeout = 300)
+Test(cli, compile_of_the_default_spec_reports_a_time_per_variant)
 {
+    wf_watchdog(300);
     char spec[PATH_MAX + 32];
 #if defined(__SANITIZE_ADDRESS__)
     write_at("small.lua",
@@ -800,8 +801,9 @@ Test(cli, separate_d_argument_with_unknown_field_suggests_the_field)
  * no GPU). --check --compile writes nothing. Under the sanitizers, where NVRTC
  * runs several times slower, one spec stands for all: the plain build of the
  * same CI run compiles them all. */
-Test(cli, every_variant_of_every_spec_in_specs_compiles, .timeout = 1200)
+Test(cli, every_variant_of_every_spec_in_specs_compiles)
 {
+    wf_watchdog(1200);
     char dir[PATH_MAX + 16];
     FMT(dir, "%s/specs", repo);
     DIR *d = opendir(dir);

@@ -33,6 +33,7 @@ static uint64_t rnd(void) { return moe_rng_next(&rng); }
 
 static void setup(void)
 {
+    wf_watchdog(60);
     wf_random(&rng.s, sizeof rng.s);
     unsetenv("SYMM_CACHE_DIR");
     unsetenv("SYMM_JIT_CACHE");
@@ -47,7 +48,7 @@ static void teardown(void)
     wf_rmtree(cache_dir);
 }
 
-TestSuite(jit, .init = setup, .fini = teardown, .timeout = 60);
+TestSuite(jit, .init = setup, .fini = teardown);
 
 /* A small kernel with a random constant, so that every test compiles source
  * no earlier run has cached. */

@@ -955,8 +955,9 @@ static void open_everything(const char *path, uint64_t seed, int iteration)
 }
 
 /* Deterministic, so that a crash can be replayed: the seed is fixed. */
-Test(manifest, mutated_manifests_never_crash, .timeout = 120)
+Test(manifest, mutated_manifests_never_crash)
 {
+    wf_watchdog(120);
     const uint64_t seed = 0x5eed0f5e3e7a11full;
     uint64_t rng = seed;
     size_t len;
@@ -1150,8 +1151,9 @@ static void expect_stub_matches(const symm_variant_desc *d, const char *stub)
     expect_in_stub(stub, n, "_nvrtc_options[] = { \"%s\", \"%s\" };", d->nvrtc_options[0], d->nvrtc_options[1]);
 }
 
-Test(manifest, generated_default_spec_matches_its_stubs, .timeout = 60)
+Test(manifest, generated_default_spec_matches_its_stubs)
 {
+    wf_watchdog(60);
     const char *spec_path = "specs/default.lua";
     sg_spec spec;
     sg_diag diag = {0};
@@ -1239,8 +1241,9 @@ static int rank_opens(int i, void *arg, wf_result *res, wf_result *all)
     return code;
 }
 
-Test(manifest, variant_open_checks_the_manifest_before_the_gpu, .timeout = 30)
+Test(manifest, variant_open_checks_the_manifest_before_the_gpu)
 {
+    wf_watchdog(30);
     open_test t;
     memset(&t, 0, sizeof t);
     wf_tempdir(t.dir, sizeof t.dir);

@@ -37,6 +37,7 @@ static void seed(void) { wf_random(&rng.s, sizeof rng.s); }
 
 static void setup(void)
 {
+    wf_watchdog(60);
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/sg-spec-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     cr_assert(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
@@ -50,7 +51,7 @@ static void teardown(void)
     wf_rmtree(dir);
 }
 
-TestSuite(spec, .init = setup, .fini = teardown, .timeout = 60);
+TestSuite(spec, .init = setup, .fini = teardown);
 
 /* ---------------------------------------------------------------------- */
 

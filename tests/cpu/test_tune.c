@@ -137,6 +137,7 @@ static char work[64];
 
 static void gen_setup(void)
 {
+    wf_watchdog(600);
     seed();
     const char *build = getenv("SYMM_BUILD_DIR");
     char cmd[PATH_MAX + 200];
@@ -190,7 +191,7 @@ static symm_status compile_tuned(const char *name, const char *src, const int *v
 /* A rank variant (2 sources per token) and an expert one (8 sources, hidden
  * 7168): the default, every knob at its minimum, at its maximum, and random. */
 Test(tune, variants_compile_at_the_ends_of_every_range_and_at_random_values, .init = gen_setup,
-     .fini = gen_teardown, .timeout = 600)
+     .fini = gen_teardown)
 {
     const char *names[] = {"bf16_rank_w2", "bf16_expert_a64_w4"};
     for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
@@ -220,8 +221,7 @@ Test(tune, variants_compile_at_the_ends_of_every_range_and_at_random_values, .in
 
 /* A value the parser refuses never reaches NVRTC; given directly, the
  * template's static_assert stops it, naming the knob. */
-Test(tune, the_template_refuses_out_of_range_knobs_itself, .init = gen_setup, .fini = gen_teardown,
-     .timeout = 600)
+Test(tune, the_template_refuses_out_of_range_knobs_itself, .init = gen_setup, .fini = gen_teardown)
 {
     char *src = read_variant("bf16_rank_w2");
     const int k = rnd_in(0, N_KNOBS - 1);
@@ -248,8 +248,7 @@ static bool has_symbol(const symm_jit_result *r, const char *name)
     return memmem(r->cubin, r->cubin_size, name, strlen(name) + 1) != NULL;
 }
 
-Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_setup, .fini = gen_teardown,
-     .timeout = 600)
+Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_setup, .fini = gen_teardown)
 {
     const char *names[] = {"bf16_rank_w2", "fp8_expert_a128_w2"};
     enum { MAX_KERNELS = 7 };

@@ -874,3 +874,33 @@ Test(world, rank_dying_during_create_is_named_at_once)
     wf_free(r, 4);
     wf_rmtree(t.dir);
 }
+
+/* wf_watchdog, which the CPU tests use instead of Criterion's .timeout: a
+ * test process that hangs past its limit says so on stderr and dies by
+ * SIGALRM. */
+Test(world, watchdog_ends_a_hung_test_process_saying_so)
+{
+    wf_watchdog(30); /* this process's own, should the child's never fire */
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0, "pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        wf_watchdog(1);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    char msg[256] = {0};
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof msg - 1 && (n = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0)
+        got += (size_t)n;
+    close(fds[0]);
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM, "status 0x%x, expected death by SIGALRM", st);
+    cr_assert(strstr(msg, "watchdog: the test ran past its limit of 1 s") != NULL, "stderr: \"%s\"", msg);
+}

@@ -22,6 +22,29 @@ double wf_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static char watchdog_msg[96];
+static size_t watchdog_len;
+
+static void watchdog_fire(int sig)
+{
+    ssize_t ignored = write(2, watchdog_msg, watchdog_len);
+    (void)ignored;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void wf_watchdog(unsigned seconds)
+{
+    int n = snprintf(watchdog_msg, sizeof watchdog_msg, "watchdog: the test ran past its limit of %u s\n", seconds);
+    watchdog_len = n > 0 && (size_t)n < sizeof watchdog_msg ? (size_t)n : 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = watchdog_fire;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(seconds);
+}
+
 void wf_sleep(double seconds)
 {
     struct timespec ts = {.tv_sec = (time_t)seconds,

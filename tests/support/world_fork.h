@@ -54,6 +54,14 @@ void wf_fill(void *buf, size_t n, uint64_t seed, uint64_t a, uint64_t b);
 /* Open descriptors of this process. */
 int wf_count_fds(void);
 
+/* This test process ends after `seconds`, killed by SIGALRM after a line on
+ * stderr (Criterion reports the test as crashed by that signal). The CPU
+ * tests use it instead of Criterion's .timeout: the runner of Criterion 2.4.1
+ * (its BoxFort timeout queue) loses a 48-byte request when tests with
+ * timeouts overlap under load, and AddressSanitizer's leak check then fails a
+ * binary whose tests all passed. Call it first in the test or its .init. */
+void wf_watchdog(unsigned seconds);
+
 double wf_now(void);
 void wf_sleep(double seconds);
 
