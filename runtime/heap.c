@@ -485,6 +485,18 @@ typedef struct alloc_shape {
  * without another exchange. */
 static symm_status check_shapes(const symm_alloc *a, const alloc_shape *all)
 {
+    /* Each rank's own arguments, checked here rather than before the
+     * collective: a rank that returned early would leave the others waiting
+     * in it until their timeout. */
+    for (int r = 0; r < a->ranks; r++) {
+        if (all[r].requested == 0)
+            return symm_fail(SYMM_ERR_INVALID_ARG, "symm_alloc_create: allocation #%llu: rank %d passed bytes 0 "
+                             "(expected > 0)", (unsigned long long)all[r].seq, r);
+        if (all[r].flags & ~SYMM_ALLOC_CONTIGUOUS)
+            return symm_fail(SYMM_ERR_INVALID_ARG, "symm_alloc_create: allocation #%llu: rank %d passed flags "
+                             "0x%x: unknown bits 0x%x (expected 0 or SYMM_ALLOC_CONTIGUOUS)",
+                             (unsigned long long)all[r].seq, r, all[r].flags, all[r].flags & ~SYMM_ALLOC_CONTIGUOUS);
+    }
     for (int r = 1; r < a->ranks; r++)
         if (all[r].seq != all[0].seq)
             return symm_fail(SYMM_ERR_MISMATCH, "symm_alloc_create: ranks disagree on which "
@@ -684,6 +696,8 @@ static symm_status create_steps(symm_alloc *a, CUcontext *saved, bool *entered)
     return SYMM_OK;
 }
 
+/* The first thing wrong when world or dev cannot be used (then no collective
+ * is possible and the call fails on this rank alone). */
 static symm_status check_create_args(symm_world *world, symm_device *dev, size_t bytes,
                                      unsigned flags)
 {
@@ -716,7 +730,9 @@ symm_status symm_alloc_create(symm_world *world, symm_device *dev, size_t bytes,
     uint64_t seq = 0;
     if (world && dev && dev->world == world)
         seq = dev->next_seq++;
-    SYMM_TRY(check_create_args(world, dev, bytes, flags));
+    else
+        return check_create_args(world, dev, bytes, flags);
+    /* bytes and flags: every rank hears of a bad one (check_shapes). */
 
     symm_alloc *a = calloc(1, sizeof *a);
     peer_mapping *peers = calloc((size_t)dev->ranks, sizeof *peers);

@@ -16,6 +16,9 @@
 #define SYMM_PRINTF(a, b)
 #endif
 
+/* Size of the message buffer behind symm_last_error(), NUL included. */
+#define SYMM_MSG_MAX 8192
+
 symm_status symm_fail(symm_status status, const char *fmt, ...) SYMM_PRINTF(2, 3);
 
 /* Prefix the current message with more context ("symm_alloc_create: " ...)

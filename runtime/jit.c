@@ -542,7 +542,7 @@ typedef struct jit_part {
     char define[32];
     symm_jit_result *res;
     symm_status status;
-    char message[1024];
+    char message[SYMM_MSG_MAX]; /* all of symm_last_error(): NVRTC's log up to 8 KiB */
 } jit_part;
 
 static void *compile_part(void *arg)

@@ -283,9 +283,9 @@ int symm_jit_dir_trusted(const char *dir, int *exists, char *why, size_t why_siz
                  (unsigned)st.st_uid, (unsigned)geteuid());
         return -1;
     }
-    if (st.st_mode & S_IWOTH) {
-        snprintf(why, why_size, "%s is writable by other users (mode %03o)", dir,
-                 (unsigned)(st.st_mode & 0777));
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(why, why_size, "%s is writable by %s (mode %03o), expected only its owner to write there", dir,
+                 st.st_mode & S_IWOTH ? "other users" : "its group", (unsigned)(st.st_mode & 0777));
         return -1;
     }
     return 0;

@@ -31,27 +31,29 @@
 
 static const char *const nvrtc_options[] = {SYMM_NVRTC_DEFAULT_OPTIONS};
 
-/* Region names as generator/layout.c writes them, and which buffer each is in. */
+/* Region names as generator/layout.c writes them in the manifest, as
+ * generator/vars.c names their constants in the CUDA source, and which buffer
+ * each is in. */
 static const struct {
-    const char *name;
+    const char *name, *constant;
     int symmetric;
 } region_info[SYMM_REGION_COUNT] = {
-    [SYMM_REGION_SIGNALS] = {"signals", 1},
-    [SYMM_REGION_COUNTS] = {"counts", 1},
-    [SYMM_REGION_RECV_X] = {"recv_x", 1},
-    [SYMM_REGION_RECV_SCALES] = {"recv_scales", 1},
-    [SYMM_REGION_RECV_SRC] = {"recv_src", 1},
-    [SYMM_REGION_RECV_TOPK] = {"recv_topk_idx", 1},
-    [SYMM_REGION_RECV_WEIGHTS] = {"recv_weights", 1},
-    [SYMM_REGION_COMBINE_IN] = {"combine_in", 1},
-    [SYMM_REGION_STATE] = {"state", 0},
-    [SYMM_REGION_EXPERT_COUNT] = {"expert_count", 0},
-    [SYMM_REGION_EXPERT_OFFSET] = {"expert_offset", 0},
-    [SYMM_REGION_TOKEN_ROUTE] = {"token_route", 0},
-    [SYMM_REGION_TOKEN_WEIGHTS] = {"token_weights", 0},
-    [SYMM_REGION_LAYOUT_WORK] = {"layout_work", 0},
-    [SYMM_REGION_COMBINE_FLAGS] = {"combine_flags", 1},
-    [SYMM_REGION_RECV_CHAIN] = {"recv_chain", 1},
+    [SYMM_REGION_SIGNALS] = {"signals", "SIGNALS", 1},
+    [SYMM_REGION_COUNTS] = {"counts", "COUNTS", 1},
+    [SYMM_REGION_RECV_X] = {"recv_x", "RECV_X", 1},
+    [SYMM_REGION_RECV_SCALES] = {"recv_scales", "RECV_SCALES", 1},
+    [SYMM_REGION_RECV_SRC] = {"recv_src", "RECV_SRC", 1},
+    [SYMM_REGION_RECV_TOPK] = {"recv_topk_idx", "RECV_TOPK", 1},
+    [SYMM_REGION_RECV_WEIGHTS] = {"recv_weights", "RECV_WEIGHTS", 1},
+    [SYMM_REGION_COMBINE_IN] = {"combine_in", "COMBINE_IN", 1},
+    [SYMM_REGION_STATE] = {"state", "STATE", 0},
+    [SYMM_REGION_EXPERT_COUNT] = {"expert_count", "EXPERT_COUNT", 0},
+    [SYMM_REGION_EXPERT_OFFSET] = {"expert_offset", "EXPERT_OFFSET", 0},
+    [SYMM_REGION_TOKEN_ROUTE] = {"token_route", "TOKEN_ROUTE", 0},
+    [SYMM_REGION_TOKEN_WEIGHTS] = {"token_weights", "TOKEN_WEIGHTS", 0},
+    [SYMM_REGION_LAYOUT_WORK] = {"layout_work", "LAYOUT_WORK", 0},
+    [SYMM_REGION_COMBINE_FLAGS] = {"combine_flags", "COMBINE_FLAGS", 1},
+    [SYMM_REGION_RECV_CHAIN] = {"recv_chain", "RECV_CHAIN", 1},
 };
 #define REGION_NAMES "signals, counts, recv_x, recv_scales, recv_src, recv_topk_idx, recv_weights, " \
                      "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
@@ -660,6 +662,77 @@ static symm_status unknown_name(const symm_manifest *m, const char *name)
 }
 
 /* Read the variant's .cu and check it is the source the manifest describes. */
+/* One constant of the generated source: the line "<decl><value><suffix>"
+ * must be there. */
+static symm_status check_constant(const symm_variant_desc *d, const char *decl, const char *field,
+                                  const char *value, const char *suffix)
+{
+    char line[96], want[96];
+    snprintf(line, sizeof line, "\n%s", decl);
+    snprintf(want, sizeof want, "%s%s", value, suffix);
+    const char *at = strstr(d->source, line);
+    if (!at)
+        return symm_fail(SYMM_ERR_MISMATCH,
+                         "symm_variant_create: variant %s: its CUDA source declares no \"%s\" (descriptor "
+                         "field %s: %s): regenerate the manifest and sources together with symmgen",
+                         d->name, decl, field, value);
+    const char *got = at + strlen(line);
+    size_t n = strcspn(got, "\n");
+    if (n != strlen(want) || memcmp(got, want, n) != 0)
+        return symm_fail(SYMM_ERR_MISMATCH,
+                         "symm_variant_create: variant %s: descriptor field %s is %s, its CUDA source was "
+                         "generated with \"%s%.*s\": regenerate the manifest and sources together with symmgen",
+                         d->name, field, value, decl, (int)(n > 64 ? 64 : n), got);
+    return SYMM_OK;
+}
+
+const char *symm_region_name(int id)
+{
+    return id >= 0 && id < SYMM_REGION_COUNT ? region_info[id].name : "?";
+}
+
+symm_status symm_desc_check_source(const symm_variant_desc *d)
+{
+    char value[64];
+    const struct {
+        const char *decl, *field;
+        long long value;
+    } ints[] = {
+        {"constexpr int HIDDEN = ", "hidden", d->hidden},
+        {"constexpr int TOPK = ", "topk", d->topk},
+        {"constexpr int EXPERTS = ", "experts", d->experts},
+        {"constexpr int WORLD = ", "world", d->world},
+        {"constexpr int MAX_TOKENS = ", "max_tokens", d->max_tokens},
+        {"constexpr i64 CAPACITY = ", "capacity", (long long)d->capacity},
+        {"constexpr int ALIGN = ", "align", d->align},
+        {"constexpr int SMS = ", "sms", d->sms},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        snprintf(value, sizeof value, "%lld", ints[i].value);
+        SYMM_TRY(check_constant(d, ints[i].decl, ints[i].field, value, ";"));
+    }
+    SYMM_TRY(check_constant(d, "constexpr bool LAYOUT_EXPERT = ", "layout",
+                            d->layout == SYMM_LAYOUT_EXPERT ? "true" : "false", ";"));
+    SYMM_TRY(check_constant(d, "constexpr bool WEIGHTS = ", "weights", d->weights ? "true" : "false", ";"));
+    snprintf(value, sizeof value, "Dtype(%d)", (int)d->dtype);
+    SYMM_TRY(check_constant(d, "constexpr Dtype DTYPE = ", "dtype", value, ";"));
+    snprintf(value, sizeof value, "Dtype(%d)", (int)d->combine_dtype);
+    SYMM_TRY(check_constant(d, "constexpr Dtype COMBINE_DTYPE = ", "combine_dtype", value, ";"));
+    for (int i = 0; i < SYMM_REGION_COUNT; i++) {
+        const symm_region_desc *r = &d->regions[i];
+        char decl[64], field[64];
+        snprintf(decl, sizeof decl, "constexpr u64 %s_OFF = ", region_info[i].constant);
+        snprintf(field, sizeof field, "regions.%s.offset", region_info[i].name);
+        snprintf(value, sizeof value, "%llu", (unsigned long long)r->offset);
+        SYMM_TRY(check_constant(d, decl, field, value, r->symmetric ? "; // symmetric" : "; // local scratch"));
+        snprintf(decl, sizeof decl, "constexpr u64 %s_BYTES = ", region_info[i].constant);
+        snprintf(field, sizeof field, "regions.%s.bytes", region_info[i].name);
+        snprintf(value, sizeof value, "%llu", (unsigned long long)r->bytes);
+        SYMM_TRY(check_constant(d, decl, field, value, ";"));
+    }
+    return SYMM_OK;
+}
+
 static symm_status load_source(const symm_manifest *m, entry *e)
 {
     size_t n = strlen(m->dir) + strlen(e->cu_file) + 2;

@@ -5,8 +5,6 @@
 
 #include "internal.h"
 
-#define SYMM_MSG_MAX 8192
-
 static _Thread_local char last_message[SYMM_MSG_MAX];
 
 const char *symm_last_error(void) { return last_message; }

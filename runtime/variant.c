@@ -36,21 +36,51 @@ static symm_status check_desc(const symm_variant_desc *d, int world_size)
 {
     if (!d)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: desc is NULL");
+    if (!d->name)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: desc->name is NULL");
     if (d->abi != SYMM_DESC_ABI)
         return symm_fail(SYMM_ERR_INVALID_ARG,
                          "symm_variant_create: variant %s was generated for descriptor ABI %d, "
                          "this libsymm reads ABI %d: regenerate it with a matching symmgen",
-                         d->name ? d->name : "?", d->abi, SYMM_DESC_ABI);
+                         d->name, d->abi, SYMM_DESC_ABI);
     if (d->world != world_size)
         return symm_fail(SYMM_ERR_INVALID_ARG,
                          "symm_variant_create: variant %s is for world %d, the world has %d ranks",
                          d->name, d->world, world_size);
-    if (!d->source || d->source_len != strlen(d->source) || d->symmetric_bytes == 0 ||
-        d->scratch_bytes < d->regions[SYMM_REGION_STATE].offset + sizeof(device_state))
+    if (!d->source)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: variant %s: desc->source is NULL", d->name);
+    size_t len = strlen(d->source);
+    if (d->source_len != len)
         return symm_fail(SYMM_ERR_INVALID_ARG,
-                         "symm_variant_create: variant %s: descriptor is inconsistent "
-                         "(source length or buffer sizes)", d->name);
-    return SYMM_OK;
+                         "symm_variant_create: variant %s: desc->source_len is %zu, expected %zu (the source's "
+                         "length up to its NUL)", d->name, d->source_len, len);
+    if (d->n_nvrtc_options < 0 || (d->n_nvrtc_options > 0 && !d->nvrtc_options))
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: variant %s: desc->n_nvrtc_options is %d with nvrtc_options %s, "
+                         "expected 0 or more options in a non-NULL array", d->name, d->n_nvrtc_options,
+                         d->nvrtc_options ? "set" : "NULL");
+    for (int i = 0; i < d->n_nvrtc_options; i++)
+        if (!d->nvrtc_options[i])
+            return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: variant %s: desc->nvrtc_options[%d] is NULL",
+                             d->name, i);
+    /* Each region inside its buffer (the manifest reader checks the same;
+     * a stub's descriptor comes here directly). */
+    for (int i = 0; i < SYMM_REGION_COUNT; i++) {
+        const symm_region_desc *r = &d->regions[i];
+        uint64_t size = r->symmetric ? d->symmetric_bytes : d->scratch_bytes;
+        if (r->bytes && (r->offset > size || r->bytes > size - r->offset))
+            return symm_fail(SYMM_ERR_INVALID_ARG,
+                             "symm_variant_create: variant %s: region %s at [%llu, +%llu) outside its %s of %llu "
+                             "bytes", d->name, symm_region_name(i), (unsigned long long)r->offset, (unsigned long long)r->bytes,
+                             r->symmetric ? "symmetric buffer" : "scratch", (unsigned long long)size);
+    }
+    const symm_region_desc *state = &d->regions[SYMM_REGION_STATE];
+    if (state->symmetric || state->bytes < sizeof(device_state))
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: variant %s: the state region has %llu bytes in the %s, expected at "
+                         "least %zu in the scratch", d->name, (unsigned long long)state->bytes,
+                         state->symmetric ? "symmetric buffer" : "scratch", sizeof(device_state));
+    return symm_desc_check_source(d);
 }
 
 static symm_status pick_backend(const symm_variant_options *opts, symm_backend *out)
@@ -307,11 +337,23 @@ static symm_status check_dispatch(const symm_variant *v, const symm_dispatch_arg
     const int may_have_rows = a->tokens_dev || a->tokens > 0;
     if (may_have_rows && (!a->x || !a->topk_idx))
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: %s is NULL", d->name, a->x ? "topk_idx" : "x");
-    if (a->x && misaligned(a->x, 16))
-        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: x %p: expected 16-byte alignment", d->name, a->x);
-    if (a->topk_idx && misaligned(a->topk_idx, 4))
-        return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: topk_idx %p: expected 4-byte alignment",
-                         d->name, (const void *)a->topk_idx);
+    /* The kernels read x by 16-byte vectors and the others by 4-byte words:
+     * a misaligned address would fault on the GPU, which ends the context. */
+    const struct {
+        const char *name;
+        const void *p;
+        size_t align;
+    } ptrs[] = {
+        {"x", a->x, 16},
+        {"topk_idx", a->topk_idx, 4},
+        {"topk_weights", a->topk_weights, 4},
+        {"x_scales", a->x_scales, 4},
+        {"tokens_dev", a->tokens_dev, 4},
+    };
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        if (ptrs[i].p && misaligned(ptrs[i].p, ptrs[i].align))
+            return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: %s %p: expected %zu-byte alignment", d->name,
+                             ptrs[i].name, ptrs[i].p, ptrs[i].align);
     if (d->dtype == SYMM_DTYPE_FP8_E4M3 && may_have_rows && !a->x_scales)
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s dispatch: x_scales is NULL: expected [T, %d] float scales for fp8_e4m3",
                          d->name, d->hidden / SYMM_FP8_BLOCK);
@@ -409,8 +451,12 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     if (misaligned(y, 16) || misaligned(out, 16))
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s %p: expected 16-byte alignment", name,
                          misaligned(y, 16) ? "y" : "out", misaligned(y, 16) ? y : out);
-    if (v->backend == SYMM_BACKEND_NCCL)
+    if (v->backend == SYMM_BACKEND_NCCL) {
         SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
+        /* After a failed dispatch there is no dispatch to combine, but the
+         * failure is what the caller needs to hear (sticky). */
+        SYMM_TRY(symm_variant_nccl_failure(v));
+    }
     if (!v->awaiting_combine)
         return symm_fail(SYMM_ERR_STATE,
                          "%s combine: no dispatch to combine: every combine follows exactly one dispatch",
@@ -517,6 +563,20 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
 {
     if (!v)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_stats_read: variant is NULL");
+    if (v->backend == SYMM_BACKEND_NCCL) {
+        /* Sticky: an earlier host wait of the NCCL backend timed out or NCCL
+         * failed (the stream may still hold work that waits for a peer, so
+         * nothing here waits for it). */
+        symm_status failed = symm_variant_nccl_failure(v);
+        if (failed != SYMM_OK) {
+            if (stats) {
+                memset(stats, 0, sizeof *stats);
+                stats->timed_out = failed == SYMM_ERR_TIMEOUT;
+                stats->timeout_peer = -1; /* NCCL cannot tell which */
+            }
+            return failed;
+        }
+    }
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
     SYMM_CU(cu, cuStreamSynchronize(stream));

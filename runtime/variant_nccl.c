@@ -207,6 +207,14 @@ static symm_status fail_sticky(symm_variant *v, symm_status st)
     return symm_fail(st, "%s", n->failure);
 }
 
+symm_status symm_variant_nccl_failure(const symm_variant *v)
+{
+    const struct symm_variant_nccl *n = v->nccl;
+    if (!n || !n->failed)
+        return SYMM_OK;
+    return symm_fail(n->failed, "%s: an earlier call failed: %s", v->desc->name, n->failure);
+}
+
 /* Wait until the stream's work (stream non-NULL) or the last call's
  * (event done) is complete: polls, returns SYMM_ERR_NCCL when NCCL reports
  * an error and SYMM_ERR_TIMEOUT after the variant's timeout, both sticky. */

@@ -12,9 +12,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "world_internal.h"
@@ -67,7 +69,9 @@ static uint64_t result_len(const symm_world *w, const coll *c, int r)
     }
 }
 
-static symm_status io_fail(const symm_world *w, const coll *c, int peer, symm_wio io)
+/* A failed exchange with peer; receiving: whether this rank was reading
+ * from it (else writing to it). */
+static symm_status io_fail(const symm_world *w, const coll *c, int peer, bool receiving, symm_wio io)
 {
     switch (io) {
     case SYMM_WIO_EOF:
@@ -75,11 +79,20 @@ static symm_status io_fail(const symm_world *w, const coll *c, int peer, symm_wi
                          (unsigned long long)c->seq);
     case SYMM_WIO_TIMEOUT:
         return symm_fail(SYMM_ERR_TIMEOUT, "%s: rank %d did not %s within %g s (collective call %llu)", c->name,
-                         peer, peer == 0 ? "answer" : "take its data", w->timeout_s,
-                         (unsigned long long)c->seq);
+                         peer,
+                         receiving ? (peer == 0 ? "answer" : "send all of its data")
+                                   : (peer == 0 ? "take this rank's data" : "take its data"),
+                         w->timeout_s, (unsigned long long)c->seq);
     case SYMM_WIO_BADFD:
         return symm_fail(SYMM_ERR_PEER, "%s: rank %d sent descriptors that were missing, unexpected or "
                          "truncated (collective call %llu)", c->name, peer, (unsigned long long)c->seq);
+    case SYMM_WIO_NOFD: {
+        struct rlimit lim;
+        const unsigned long long cap = getrlimit(RLIMIT_NOFILE, &lim) == 0 ? (unsigned long long)lim.rlim_cur : 0;
+        return symm_fail(SYMM_ERR_SYSTEM, "%s: a descriptor from rank %d could not be received: this process "
+                         "is probably out of file descriptors (RLIMIT_NOFILE %llu; raise it with ulimit -n) "
+                         "(collective call %llu)", c->name, peer, cap, (unsigned long long)c->seq);
+    }
     default:
         return symm_fail(SYMM_ERR_SYSTEM, "%s: talking to rank %d: %s (collective call %llu)", c->name, peer,
                          strerror(errno), (unsigned long long)c->seq);
@@ -94,7 +107,7 @@ static symm_status take_error(const symm_world *w, const coll *c, int peer, cons
     symm_wio io = symm_wio_recv_error(w->conn[w->rank == 0 ? peer : 0], f, msg, sizeof msg,
                                       symm_wio_now() + 1.0);
     if (io != SYMM_WIO_OK)
-        return io_fail(w, c, peer, io);
+        return io_fail(w, c, peer, true, io);
     if (peer == 0)
         return symm_fail(st, "%s", msg);
     return symm_fail(st, "%s: rank %d failed: %s", c->name, peer, msg);
@@ -148,7 +161,7 @@ static symm_status root_take(symm_world *w, coll *c, int r, double deadline)
     symm_world_frame f;
     symm_wio io = symm_wio_recv(w->conn[r], &f, sizeof f, NULL, deadline);
     if (io != SYMM_WIO_OK)
-        return io_fail(w, c, r, io);
+        return io_fail(w, c, r, true, io);
     if (f.type == SYMM_FRAME_ERROR)
         return take_error(w, c, r, &f);
     SYMM_TRY(check_frame(w, c, r, &f));
@@ -159,7 +172,7 @@ static symm_status root_take(symm_world *w, coll *c, int r, double deadline)
         char *dst = c->kind == COLL_ALLGATHER ? (char *)c->buf + (size_t)r * c->count : c->buf;
         io = symm_wio_recv(w->conn[r], dst, f.len, NULL, deadline);
     }
-    return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, r, io);
+    return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, r, true, io);
 }
 
 static symm_status root_gather(symm_world *w, coll *c)
@@ -213,14 +226,14 @@ static symm_status root_send_result(symm_world *w, coll *c, int r, double deadli
     symm_wio io;
     if (c->kind != COLL_ALLGATHER_FD) {
         io = symm_wio_send_frame(w->conn[r], &f, c->buf, deadline, 0);
-        return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, r, io);
+        return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, r, false, io);
     }
     /* The payload is one byte per descriptor, each sent with its own. */
     io = symm_wio_send(w->conn[r], &f, sizeof f, -1, deadline, 0);
     for (int i = 0; io == SYMM_WIO_OK && i < w->size; i++)
         if (i != r)
             io = symm_wio_send(w->conn[r], "", 1, c->fds[i], deadline, 0);
-    return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, r, io);
+    return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, r, false, io);
 }
 
 static symm_status root_collective(symm_world *w, coll *c)
@@ -246,7 +259,7 @@ static symm_status peer_contribute(symm_world *w, coll *c, double deadline)
         io = symm_wio_send(s, c->kind == COLL_ALLGATHER ? c->send : c->buf, f.len, -1, deadline, 1);
     /* SYMM_WIO_INPUT: rank 0 has spoken first, which can only be an error;
      * the caller reads it. */
-    return io == SYMM_WIO_OK || io == SYMM_WIO_INPUT ? SYMM_OK : io_fail(w, c, 0, io);
+    return io == SYMM_WIO_OK || io == SYMM_WIO_INPUT ? SYMM_OK : io_fail(w, c, 0, false, io);
 }
 
 static symm_status peer_receive(symm_world *w, coll *c, double deadline)
@@ -255,7 +268,7 @@ static symm_status peer_receive(symm_world *w, coll *c, double deadline)
     symm_world_frame f;
     symm_wio io = symm_wio_recv(s, &f, sizeof f, NULL, deadline);
     if (io != SYMM_WIO_OK)
-        return io_fail(w, c, 0, io);
+        return io_fail(w, c, 0, true, io);
     if (f.type == SYMM_FRAME_ERROR)
         return take_error(w, c, 0, &f);
     if (f.type != SYMM_FRAME_RESULT || f.seq != c->seq || f.kind != c->kind ||
@@ -266,14 +279,14 @@ static symm_status peer_receive(symm_world *w, coll *c, double deadline)
     deadline = symm_wio_now() + w->timeout_s;
     if (c->kind != COLL_ALLGATHER_FD) {
         io = f.len ? symm_wio_recv(s, c->buf, f.len, NULL, deadline) : SYMM_WIO_OK;
-        return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, 0, io);
+        return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, 0, true, io);
     }
     for (int i = 0; i < w->size && io == SYMM_WIO_OK; i++) {
         char byte;
         if (i != w->rank)
             io = symm_wio_recv(s, &byte, 1, &c->fds[i], deadline);
     }
-    return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, 0, io);
+    return io == SYMM_WIO_OK ? SYMM_OK : io_fail(w, c, 0, true, io);
 }
 
 static symm_status peer_collective(symm_world *w, coll *c)

@@ -106,6 +106,7 @@ typedef enum symm_wio {
     SYMM_WIO_TIMEOUT, /* the deadline passed */
     SYMM_WIO_INPUT,   /* (send with watch_input) the peer sent something first */
     SYMM_WIO_BADFD,   /* descriptors missing, unexpected or truncated (all closed) */
+    SYMM_WIO_NOFD,    /* a descriptor was sent but this process could not take it (out of descriptors) */
     SYMM_WIO_ERRNO,   /* another system error; errno says which */
 } symm_wio;
 

@@ -191,7 +191,9 @@ symm_wio symm_wio_recv(int sock, void *buf, size_t n, int *fd_out, double deadli
         }
         if (truncated || nfds > 1 || (nfds == 1 && (!fd_out || got_fd >= 0))) {
             close_fds(fds, nfds);
-            res = SYMM_WIO_BADFD;
+            /* A descriptor this call waits for, cut off by the kernel: it
+             * could not be installed here (RLIMIT_NOFILE reached). */
+            res = truncated && nfds == 0 && fd_out && got_fd < 0 ? SYMM_WIO_NOFD : SYMM_WIO_BADFD;
             break;
         }
         if (nfds == 1)

@@ -22,7 +22,8 @@
  * process killed mid-write) are never read and may be deleted at any time.
  *
  * A cache directory is only used when it is owned by the calling user and
- * not writable by others (a writer could plant code that runs on our GPU);
+ * writable by nobody else, its group included (a writer could plant code that
+ * runs on our GPU);
  * otherwise, and when it cannot be created or written, the call compiles
  * without caching and says so in the result's warning: a cache problem is
  * never an error. A read-only directory still serves its entries.

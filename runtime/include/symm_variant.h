@@ -145,7 +145,7 @@ typedef struct symm_variant_stats {
     int dropped_recv;      /* rows meant for this rank that did not fit */
     int clamped;           /* T from device memory was above max_tokens */
     int timed_out;         /* a device wait timed out ... */
-    int timeout_peer;      /* ... waiting for this rank ... */
+    int timeout_peer;      /* ... waiting for this rank (-1: unknown, NCCL backend) ... */
     int timeout_phase;     /* ... in this phase: 1 counts, 2 rows, 3 combine */
 } symm_variant_stats;
 
@@ -158,7 +158,9 @@ typedef struct symm_variant_stats {
  * and the variant must be destroyed (which still works and frees everything)
  * and created again. The NCCL backend waits on the host inside dispatch: there
  * dispatch itself returns SYMM_ERR_TIMEOUT (NCCL cannot say which peer is
- * missing), sticky in the same way. stats may be NULL. */
+ * missing), sticky in the same way: every later dispatch, combine and
+ * stats_read returns it (stats: timed_out set, timeout_peer -1, the rest 0).
+ * stats may be NULL. */
 symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
 
 /* Where the time of dispatch and combine goes, on a variant created with the

@@ -489,6 +489,13 @@ Test(jit, cache_dir_writable_by_others_is_not_used)
               "warning \"%s\"", res.warning);
     cr_assert_eq(count_files(cache_dir), 0, "an entry was written into a shared directory");
     symm_jit_result_free(&res);
+    /* Its group is as much a writer as anyone. */
+    cr_assert(chmod(cache_dir, 0770) == 0);
+    compile_ok(&req, &res);
+    cr_assert(!res.cache_hit && strstr(res.warning, "writable by its group (mode 770)"), "warning \"%s\"",
+              res.warning);
+    cr_assert_eq(count_files(cache_dir), 0, "an entry was written into a group-writable directory");
+    symm_jit_result_free(&res);
     free(src);
 }
 
@@ -892,6 +899,25 @@ Test(jit, a_failing_part_fails_the_call_naming_its_error)
     snprintf(want, sizeof want, "part %d is broken on purpose", bad);
     cr_assert(strstr(symm_last_error(), want), "%s", symm_last_error());
     cr_assert(res[2 - bad].cubin != NULL, "the good part compiled");
+    symm_jit_result_free(&res[0]);
+    symm_jit_result_free(&res[1]);
+    free(src);
+
+    /* A part's long log reaches the message whole (up to its 8 KiB), not cut
+     * at a part's buffer: 40 errors, about 5 KB, the last one included. */
+    size_t cap = 8192, len = 0;
+    src = malloc(cap);
+    cr_assert(src);
+    len += (size_t)snprintf(src + len, cap - len, "extern \"C\" __global__ void k(int *out)\n{\n#if SYMM_PART == %d\n",
+                            bad);
+    for (int i = 0; i < 40; i++)
+        len += (size_t)snprintf(src + len, cap - len, "    out[%d] = undefined_%d;\n", i, i);
+    snprintf(src + len, cap - len, "#endif\n    out[threadIdx.x] = SYMM_PART;\n}\n");
+    req.source = src;
+    cr_assert_eq(symm_jit_compile_parts(&req, 2, res), SYMM_ERR_NVRTC);
+    cr_assert(strstr(symm_last_error(), "undefined_0") && strstr(symm_last_error(), "undefined_39"),
+              "the message (%zu bytes) lacks the first or the last of the part's 40 errors: %s",
+              strlen(symm_last_error()), symm_last_error());
     symm_jit_result_free(&res[0]);
     symm_jit_result_free(&res[1]);
     cr_assert_eq(symm_jit_compile_parts(&req, 0, res), SYMM_ERR_INVALID_ARG);

@@ -22,11 +22,12 @@
 #include "sha256.h"
 #include "symm_manifest.h"
 #include "symm_world.h"
+#include "variant_internal.h"
 #include "world_fork.h"
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "ddee1362bd8f73e8b7f4c9886c8d122daa4b4e53926837ed9ab948139251852d"
+#define RANK_SHA "14eafabfd48fe44f885a84d56a50b182a953b6b2585e8975c1e8cbfed32ad691"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -214,7 +215,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "5cbae43c0bcc2df0f009a21109bd1424dcb47d22e2bd7f0df1493388691f7e95");
+                  "c649d0b776f8d66cd18bb4197917075e4557f92980306d3e1f7fe046836a60e7");
     symm_manifest_close(m);
 }
 
@@ -638,8 +639,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"ddee", "\"source_sha256\": \"DDEE",
-         "variant tiny_rank: field source_sha256: got \"DDEE1362bd8f73e8b7f4c9886c8d122daa4b4e53\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"14ea", "\"source_sha256\": \"14EA",
+         "variant tiny_rank: field source_sha256: got \"14EAfabfd48fe44f885a84d56a50b182a953b6b2\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1182,6 +1183,8 @@ Test(manifest, generated_default_spec_matches_its_stubs)
         cr_assert_eq(d->source_len, gens[i].cu.len, "%s", v->name);
         cr_assert(memcmp(d->source, gens[i].cu.data, d->source_len) == 0, "%s: source differs", v->name);
         cr_assert_str_eq(d->source_sha256, gens[i].source_sha256);
+        /* The runtime reads back the constants the generator wrote. */
+        cr_assert_eq(symm_desc_check_source(d), SYMM_OK, "%s: %s", v->name, symm_last_error());
         char stub[512];
         snprintf(stub, sizeof stub, "%s/%s.c", out, v->name);
         char *text = slurp(stub, NULL);
@@ -1202,6 +1205,7 @@ Test(manifest, generated_default_spec_matches_its_stubs)
 typedef struct open_test {
     char dir[128], job[64], secret[65];
     char bad_manifest[320];
+    char other_hidden[320]; /* valid by itself, but not what tiny_rank.cu was made with */
 } open_test;
 
 static int expect_rank(wf_result *res, const char *what, symm_status got, symm_status want, const char *needle)
@@ -1225,6 +1229,11 @@ static int rank_opens(int i, void *arg, wf_result *res, wf_result *all)
     symm_variant *v = NULL;
     int code = expect_rank(res, "bad manifest", symm_variant_open(w, t->bad_manifest, "tiny_rank", NULL, &v),
                            SYMM_ERR_INVALID_ARG, "variant tiny_rank: field topk: got 0");
+    if (!code)
+        code = expect_rank(res, "manifest unlike its source", symm_variant_open(w, t->other_hidden, "tiny_rank", NULL, &v),
+                           SYMM_ERR_MISMATCH,
+                           "descriptor field hidden is 512, its CUDA source was generated with "
+                           "\"constexpr int HIDDEN = 256;\"");
     if (!code)
         code = expect_rank(res, "unknown name", symm_variant_open(w, FIXTURE, "tiny", NULL, &v), SYMM_ERR_INVALID_ARG,
                            "no variant \"tiny\": expected one of tiny_rank, tiny_expert_fp8");
@@ -1253,6 +1262,18 @@ Test(manifest, variant_open_checks_the_manifest_before_the_gpu)
     char *text = slurp(FIXTURE, NULL), *bad = replace_once(text, "\"topk\": 2", "\"topk\": 0");
     spit(t.bad_manifest, bad, strlen(bad));
     free(bad);
+    /* Hidden 512 passes every check of the manifest by itself (recv_x keeps
+     * its bytes); the source beside it was generated with 256. */
+    snprintf(t.other_hidden, sizeof t.other_hidden, "%s/other_hidden.json", t.dir);
+    char *other = replace_once(text, "\"hidden\": 256", "\"hidden\": 512");
+    spit(t.other_hidden, other, strlen(other));
+    free(other);
+    char cu_path[320];
+    size_t cu_len;
+    char *cu = slurp(FIXTURE_DIR "/tiny_rank.cu", &cu_len);
+    snprintf(cu_path, sizeof cu_path, "%s/tiny_rank.cu", t.dir);
+    spit(cu_path, cu, cu_len);
+    free(cu);
     free(text);
     wf_result *r = wf_run(2, rank_opens, &t, 20);
     for (int i = 0; i < 2; i++) {
@@ -1290,8 +1311,14 @@ Test(manifest, variant_create_refuses_a_timeout_out_of_range)
     const symm_variant_desc *d;
     cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
     cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &d), SYMM_OK, "%s", symm_last_error());
-    symm_variant_desc solo = *d; /* passes the world-size check of a world of one */
+    /* A world of one: the descriptor and its source's WORLD both say 1, so
+     * that the timeout is the only thing wrong. */
+    symm_variant_desc solo = *d;
     solo.world = 1;
+    char *source = strdup(d->source), *world = strstr(source, "\nconstexpr int WORLD = 2;");
+    cr_assert(world, "the fixture source has no WORLD = 2");
+    world[sizeof "\nconstexpr int WORLD = " - 1] = '1';
+    solo.source = source;
     const double bad[] = {
         NAN,
         INFINITY,
@@ -1312,7 +1339,70 @@ Test(manifest, variant_create_refuses_a_timeout_out_of_range)
                   symm_last_error());
         cr_assert_null(v, "timeout_s %g: a refused create left a variant behind", bad[i]);
     }
+    free(source);
     symm_manifest_close(m);
     symm_world_destroy(w);
     wf_rmtree(dir);
+}
+
+/* symm_desc_check_source: the fixture's descriptor agrees with its source;
+ * each parameter and each region's offset and bytes changed alone is refused
+ * naming that field, and a source without a constant says which. */
+Test(manifest, descriptor_must_match_the_constants_of_its_source)
+{
+    symm_manifest *m;
+    const symm_variant_desc *d;
+    cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
+    const char *names[] = {"tiny_rank", "tiny_expert_fp8"};
+    for (size_t v = 0; v < 2; v++) {
+        cr_assert_eq(symm_manifest_variant(m, names[v], &d), SYMM_OK, "%s", symm_last_error());
+        cr_assert_eq(symm_desc_check_source(d), SYMM_OK, "%s: %s", names[v], symm_last_error());
+        symm_variant_desc e;
+#define PERTURB(field, expr)                                                                                     \
+    do {                                                                                                         \
+        e = *d;                                                                                                  \
+        expr;                                                                                                    \
+        expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",           \
+                       "descriptor field " field " is ");                                                        \
+    } while (0)
+        PERTURB("hidden", e.hidden += 8);
+        PERTURB("topk", e.topk += 1);
+        PERTURB("experts", e.experts *= 2);
+        PERTURB("world", e.world += 1);
+        PERTURB("max_tokens", e.max_tokens -= 1);
+        PERTURB("capacity", e.capacity -= 1);
+        PERTURB("align", e.align += 1);
+        PERTURB("sms", e.sms += 1);
+        PERTURB("layout", e.layout = e.layout == SYMM_LAYOUT_RANK ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK);
+        PERTURB("weights", e.weights = !e.weights);
+        PERTURB("dtype", e.dtype = e.dtype == SYMM_DTYPE_BF16 ? SYMM_DTYPE_FP16 : SYMM_DTYPE_BF16);
+        PERTURB("combine_dtype",
+                e.combine_dtype = e.combine_dtype == SYMM_DTYPE_FP32 ? SYMM_DTYPE_BF16 : SYMM_DTYPE_FP32);
+        for (int i = 0; i < SYMM_REGION_COUNT; i++) {
+            char field[80];
+            snprintf(field, sizeof field, "descriptor field regions.%s.offset is ", symm_region_name(i));
+            e = *d;
+            e.regions[i].offset += 128;
+            expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant", field);
+            snprintf(field, sizeof field, "descriptor field regions.%s.bytes is ", symm_region_name(i));
+            e = *d;
+            e.regions[i].bytes = e.regions[i].bytes ? 0 : 64; /* a region dropped, or one the source lacks */
+            expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant", field);
+            snprintf(field, sizeof field, "descriptor field regions.%s.offset is ", symm_region_name(i));
+            e = *d;
+            e.regions[i].symmetric = !e.regions[i].symmetric;
+            expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant", field);
+        }
+#undef PERTURB
+        /* A source without one of the constants. */
+        e = *d;
+        char *src = strdup(d->source), *at = strstr(src, "\nconstexpr int SMS = ");
+        cr_assert(at, "%s: the fixture source has no SMS constant", names[v]);
+        memcpy(at + 1, "//", 2);
+        e.source = src;
+        expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
+                       "its CUDA source declares no \"constexpr int SMS = \" (descriptor field sms: ");
+        free(src);
+    }
+    symm_manifest_close(m);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -773,6 +774,60 @@ Test(world, no_descriptor_leaks_across_create_destroy_cycles)
     wf_result *r = wf_run(3, rank_cycles, &t, 20);
     expect_success(r, 3);
     wf_free(r, 3);
+    wf_rmtree(t.dir);
+}
+
+/* Rank 1 has one free descriptor (its own dup) and none for rank 0's: the
+ * kernel cuts the one it is sent, and the error says this process is out of
+ * descriptors rather than blaming the peer. */
+static int rank_out_of_fds(int i, void *arg, wf_result *res, wf_result *all)
+{
+    (void)all;
+    world_test *t = arg;
+    symm_world_config cfg = cfg_of(t, i);
+    symm_world *w;
+    symm_status st = symm_world_create(&cfg, &w);
+    if (st)
+        return failed_call(res, "symm_world_create", st);
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC), fds[2], fill[64], n = 0;
+    struct rlimit old, lim;
+    if (i == 1) {
+        getrlimit(RLIMIT_NOFILE, &old);
+        lim = old;
+        lim.rlim_cur = (rlim_t)fd + 16;
+        setrlimit(RLIMIT_NOFILE, &lim);
+        while (n < 64 && (fill[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+            n++;
+        if (n == 64 || errno != EMFILE)
+            return wf_failf(res, "could not use up the descriptors: %d opened, %s", n, strerror(errno));
+        close(fill[--n]); /* one left: for allgather_fd's dup of fd */
+    }
+    double t0 = wf_now();
+    st = symm_world_allgather_fd(w, fd, fds);
+    int code = record(res, st, t0);
+    if (i == 1) {
+        while (n > 0)
+            close(fill[--n]);
+        setrlimit(RLIMIT_NOFILE, &old);
+    }
+    if (st == SYMM_OK)
+        for (int r = 0; r < 2; r++)
+            close(fds[r]);
+    close(fd);
+    symm_world_destroy(w);
+    return code;
+}
+
+Test(world, descriptor_not_received_for_lack_of_descriptors_says_so)
+{
+    world_test t;
+    setup(&t, 2, 5);
+    wf_result *r = wf_run(2, rank_out_of_fds, &t, 20);
+    for (int i = 0; i < 2; i++)
+        cr_assert(r[i].done && r[i].code == 0, "rank %d: %s", i, r[i].msg);
+    expect_status(r, 1, SYMM_ERR_SYSTEM, "could not be received: this process is probably out of file descriptors");
+    cr_assert(r[1].elapsed_s < 2.0, "rank 1 took %.2f s", r[1].elapsed_s);
+    wf_free(r, 2);
     wf_rmtree(t.dir);
 }
 

@@ -104,6 +104,13 @@ static inline void rank_end(rank_ctx *c)
     symm_world_destroy(c->world);
 }
 
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static inline unsigned long long fresh_seed(void)
 {
     unsigned long long s = 0;

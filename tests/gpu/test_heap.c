@@ -411,6 +411,45 @@ Test(heap, mismatched_sizes_fail_on_every_rank_naming_both)
     rank_end(&c);
 }
 
+/* A bad size or flag on one rank fails every rank at once, naming it (not
+ * after the world's timeout on the ranks that called correctly). */
+Test(heap, bad_argument_on_one_rank_fails_every_rank_at_once_naming_it)
+{
+    SKIP_WITHOUT_GPU();
+    rank_ctx c;
+    rank_begin(&c, "bad-arg");
+    unsigned long long seed = shared_seed(c.world);
+    const size_t base = random_between(&seed, MiB, 4 * MiB);
+    const int bad = (int)(seed % (unsigned long long)c.ranks);
+    const unsigned bad_flags = 0x100u << (seed % 8);
+    int fds_before = open_fd_count();
+    for (int round = 0; round < 2; round++) {
+        const bool mine = c.rank == bad;
+        symm_alloc *a = (symm_alloc *)&a;
+        const double t0 = now_s();
+        symm_status st = round == 0 ? symm_alloc_create(c.world, c.dev, mine ? 0 : base, 0, &a)
+                                    : symm_alloc_create(c.world, c.dev, base, mine ? bad_flags : 0, &a);
+        const double took = now_s() - t0;
+        char want[96];
+        if (round == 0)
+            snprintf(want, sizeof want, "rank %d passed bytes 0 (expected > 0)", bad);
+        else
+            snprintf(want, sizeof want, "rank %d passed flags 0x%x: unknown bits", bad, bad_flags);
+        cr_assert(st == SYMM_ERR_INVALID_ARG && a == NULL && strstr(symm_last_error(), want),
+                  "rank %d: round %d: got %s (%s), expected SYMM_ERR_INVALID_ARG with \"%s\" and no allocation",
+                  c.rank, round, symm_status_name(st), symm_last_error(), want);
+        cr_assert(took < 2.0, "rank %d: round %d: the refusal took %.2f s, expected at once", c.rank, round, took);
+    }
+    cr_assert(open_fd_count() == fds_before, "rank %d: refused allocations left %d descriptors open", c.rank,
+              open_fd_count() - fds_before);
+    /* In step again: the next allocation works on every rank. */
+    symm_alloc *a;
+    EXPECT_OK(symm_alloc_create(c.world, c.dev, base, 0, &a));
+    expect_rounded(a, c.dev, base);
+    EXPECT_OK(symm_alloc_destroy(a));
+    rank_end(&c);
+}
+
 Test(heap, failed_create_releases_everything_and_a_retry_works)
 {
     SKIP_WITHOUT_GPU();

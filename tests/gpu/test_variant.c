@@ -48,13 +48,6 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- choosing a variant ------------------------------------------------------ */
 
 /* What a test needs of its variant; -1: anything. */
@@ -691,6 +684,33 @@ static void x_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispa
     snprintf(needle[1], 96, "16-byte alignment");
 }
 
+static void weights_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                               void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)y, (void)out;
+    a->topk_weights = (const float *)(b->weights + 1 + next_random(rng) % 3);
+    snprintf(needle[0], 96, "topk_weights %p", (const void *)a->topk_weights);
+    snprintf(needle[1], 96, "4-byte alignment");
+}
+
+static void scales_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                              void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)y, (void)out;
+    a->x_scales = (const float *)(b->scales + 1 + next_random(rng) % 3);
+    snprintf(needle[0], 96, "x_scales %p", (const void *)a->x_scales);
+    snprintf(needle[1], 96, "4-byte alignment");
+}
+
+static void tokens_dev_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a,
+                                  const void **y, void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)y, (void)out;
+    a->tokens_dev = (const int32_t *)(b->tokens + 1 + next_random(rng) % 3);
+    snprintf(needle[0], 96, "tokens_dev %p", (const void *)a->tokens_dev);
+    snprintf(needle[1], 96, "4-byte alignment");
+}
+
 static void scales_given(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
                          void **out, unsigned long long *rng, char (*needle)[96])
 {
@@ -768,6 +788,21 @@ Test(variant, dispatch_refuses_null_topk_idx_with_tokens_before_queueing_work)
 Test(variant, dispatch_refuses_misaligned_x_before_queueing_work)
 {
     refused(&(bad_call){"rej-x-align", LAYOUT_RANK_ANY, false, x_misaligned});
+}
+
+Test(variant, dispatch_refuses_misaligned_topk_weights_before_queueing_work)
+{
+    refused(&(bad_call){"rej-w-align", (want){-1, 1, -1, 0}, false, weights_misaligned});
+}
+
+Test(variant, dispatch_refuses_misaligned_x_scales_before_queueing_work)
+{
+    refused(&(bad_call){"rej-scales-align", (want){-1, -1, 1, 0}, false, scales_misaligned});
+}
+
+Test(variant, dispatch_refuses_misaligned_tokens_dev_before_queueing_work)
+{
+    refused(&(bad_call){"rej-tdev-align", LAYOUT_EXPERT_ANY, false, tokens_dev_misaligned});
 }
 
 Test(variant, dispatch_refuses_x_scales_for_a_non_fp8_variant)
@@ -990,6 +1025,23 @@ Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destro
                   "rank 0: the dispatch after a timeout gave %s (%s), expected the same SYMM_ERR_TIMEOUT saying an "
                   "earlier call failed", symm_status_name(st), symm_last_error());
         cr_assert(second < 0.5, "rank 0: a dispatch after a timeout took %.3f s, expected it to fail at once", second);
+        /* Combine and the statistics say the same, at once. */
+        t0 = now_s();
+        st = symm_variant_combine(t.v, (const void *)c.y, (void *)c.out, t.stream);
+        cr_assert(st == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "earlier call"),
+                  "rank 0: the combine after a timeout gave %s (%s), expected SYMM_ERR_TIMEOUT saying an earlier "
+                  "call failed", symm_status_name(st), symm_last_error());
+        symm_variant_stats stats;
+        memset(&stats, 0x5a, sizeof stats);
+        st = symm_variant_stats_read(t.v, t.stream, &stats);
+        cr_assert(st == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "earlier call"),
+                  "rank 0: stats_read after a timeout gave %s (%s), expected SYMM_ERR_TIMEOUT", symm_status_name(st),
+                  symm_last_error());
+        cr_assert(stats.timed_out == 1 && stats.timeout_peer == -1 && stats.calls == 0,
+                  "rank 0: stats after an NCCL timeout: timed_out %d, timeout_peer %d, calls %llu; expected 1, -1, 0",
+                  stats.timed_out, stats.timeout_peer, (unsigned long long)stats.calls);
+        cr_assert(now_s() - t0 < 0.5, "rank 0: combine and stats_read after a timeout took %.3f s, expected at once",
+                  now_s() - t0);
         /* NCCL's all-gather kernel was left waiting; the abort lets it return. */
         drain(&t, now_s(), 10.0, "the aborted count exchange");
     }
