@@ -85,9 +85,14 @@ static symm_status copy_job_id(const char *call, const char *var, const char *va
     if (!*value)
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s: %s is empty: expected a job id", call, var);
     int len = snprintf(buf, n, "%s%s", value, suffix);
-    if (len < 0 || (size_t)len >= n)
+    if (len < 0 || (size_t)len >= n) {
+        if (*suffix)
+            return symm_fail(SYMM_ERR_INVALID_ARG,
+                             "%s: %s: %zu characters, and with \"%s\" added %zu, expected at most %zu in all",
+                             call, var, strlen(value), suffix, strlen(value) + strlen(suffix), n - 1);
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s: %s: %zu characters, expected at most %zu", call, var,
                          strlen(value), n - 1);
+    }
     return SYMM_OK;
 }
 

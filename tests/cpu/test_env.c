@@ -125,6 +125,24 @@ Test(env, torchrun_variables_with_master_port)
     cr_assert_null(c.socket_dir);
 }
 
+/* A run id that fits alone but not with the port added says so. */
+Test(env, torchrun_run_id_too_long_with_its_port_names_both_lengths)
+{
+    int r, s, l;
+    set_ranks("RANK", "WORLD_SIZE", "LOCAL_RANK", &r, &s, &l);
+    char id[256];
+    const size_t len = 250 + (size_t)rnd(5); /* 250..254: under 255 alone */
+    memset(id, 'j', len);
+    id[len] = '\0';
+    setenv("TORCHELASTIC_RUN_ID", id, 1);
+    const long port = 20000 + rnd(10000);
+    set_int("MASTER_PORT", port);
+    char want[160];
+    snprintf(want, sizeof want, "TORCHELASTIC_RUN_ID: %zu characters, and with \":%ld\" added %zu, expected at most 255",
+             len, port, len + 6);
+    from_env_fails(want, NULL);
+}
+
 Test(env, open_mpi_variables)
 {
     int r, s, l;
