@@ -53,9 +53,11 @@ SYMMRUN   := $(BUILD)/bin/symmrun
 
 # --- generator: symmgen -----------------------------------------------------
 GEN_SRCS  := $(wildcard generator/*.c)
-# symmgen hashes what it writes with the runtime's SHA-256 (one implementation,
-# compiled into both).
-GEN_OBJS  := $(GEN_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/templates_embed.o $(BUILD)/obj/runtime/sha256.o
+# symmgen hashes what it writes with the runtime's SHA-256 and reads an
+# existing manifest.json with the runtime's JSON reader (one implementation
+# each, compiled into both).
+GEN_OBJS  := $(GEN_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/templates_embed.o $(BUILD)/obj/runtime/sha256.o \
+             $(BUILD)/obj/runtime/json.o
 GEN_LIB_OBJS := $(filter-out $(BUILD)/obj/generator/main.o,$(GEN_OBJS))
 GEN_INC   := -Igenerator -Iruntime/include $(LUA_INC) $(CUDA_INC)
 LIBSG_A   := $(BUILD)/lib/libsg.a

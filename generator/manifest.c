@@ -7,8 +7,6 @@
 
 #include "sg.h"
 
-#define MANIFEST_FORMAT 1
-
 void sg_json_string(const char *s, sg_buf *out)
 {
     sg_buf_puts(out, "\"");
@@ -221,7 +219,7 @@ void sg_manifest(const char *spec_path, const sg_generated *gens, size_t n, sg_b
     sg_buf_puts(out, "{");
     j.depth = 1;
     j.first[1] = true;
-    num(&j, "format", MANIFEST_FORMAT);
+    num(&j, "format", SG_MANIFEST_FORMAT);
     str(&j, "symmgen", SYMM_VERSION);
     str(&j, "spec", spec_path);
     open_(&j, "variants", '[', false);

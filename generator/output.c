@@ -15,11 +15,13 @@
 #include <unistd.h>
 
 #include "sg.h"
+#include "../runtime/json.h" /* the runtime's JSON reader, compiled into symmgen too */
 
 #define FILE_MODE 0644
 #define DIR_MODE 0755
-/* How much of an existing manifest.json is read to recognise our own. */
-#define MANIFEST_PROBE 4096
+/* The largest manifest.json read to recognise our own (16384 variants of a
+ * few KiB each). */
+#define MANIFEST_MAX ((off_t)256 << 20)
 
 /* How a target was replaced, so that it can be put back. */
 enum swap_kind { SWAP_NONE, SWAP_EXCHANGED, SWAP_CREATED, SWAP_MOVED_ASIDE };
@@ -79,17 +81,139 @@ static int split_target(const char *dir, char *target, char *parent, char *base,
     return 0;
 }
 
-static bool manifest_looks_ours(const char *dir)
+/* Reads dir/manifest.json whole (at most MANIFEST_MAX bytes). Returns the
+ * text, or NULL with why saying what is wrong. */
+static char *read_manifest(const char *dir, size_t *len, char *why, size_t why_size)
 {
-    char path[PATH_MAX], text[MANIFEST_PROBE + 1];
+    char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        snprintf(why, why_size, errno == ENOENT ? "no manifest.json" : "manifest.json: %s", strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size > MANIFEST_MAX) {
+        snprintf(why, why_size, "manifest.json is %s", S_ISREG(st.st_mode) ? "larger than any symmgen writes"
+                                                                           : "not a regular file");
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
-    if (!f)
+    char *text = f ? malloc((size_t)st.st_size + 1) : NULL;
+    if (text) {
+        *len = fread(text, 1, (size_t)st.st_size + 1, f);
+        if (ferror(f)) {
+            free(text);
+            text = NULL;
+        }
+    }
+    if (!text)
+        snprintf(why, why_size, "manifest.json: cannot read it: %s", strerror(errno ? errno : EIO));
+    if (f)
+        fclose(f);
+    return text;
+}
+
+/* The root of a manifest symmgen wrote: a JSON object with "format": 1 and a
+ * "symmgen" version string. NULL (and why) for any other text. */
+static const symm_json *our_manifest(const char *text, size_t len, symm_json_doc **doc, char *why,
+                                     size_t why_size)
+{
+    int line = 0, col = 0;
+    char err[128] = "";
+    int rc = symm_json_parse(text, len, doc, &line, &col, err, sizeof err);
+    if (rc != SYMM_JSON_OK) {
+        *doc = NULL;
+        if (rc == SYMM_JSON_NOMEM)
+            snprintf(why, why_size, "manifest.json: out of memory reading it");
+        else
+            snprintf(why, why_size, "manifest.json is not JSON: line %d, column %d: %s", line, col, err);
+        return NULL;
+    }
+    const symm_json *root = symm_json_root(*doc);
+    const symm_json *format = symm_json_member(root, "format", NULL);
+    const symm_json *version = symm_json_member(root, "symmgen", NULL);
+    if (root && root->type == SYMM_JSON_OBJECT && format && format->type == SYMM_JSON_NUMBER &&
+        format->is_int && format->integer == SG_MANIFEST_FORMAT && version &&
+        version->type == SYMM_JSON_STRING)
+        return root;
+    snprintf(why, why_size, "manifest.json is not a symmgen manifest: expected an object with "
+             "\"format\": %d and a \"symmgen\" version string", SG_MANIFEST_FORMAT);
+    return NULL;
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The files a manifest lists ("files" of every variant, and itself), sorted;
+ * NULL when out of memory. */
+static const char **listed_files(const symm_json *manifest, size_t *count)
+{
+    const symm_json *variants = symm_json_member(manifest, "variants", NULL);
+    size_t cap = 1;
+    for (const symm_json *v = variants && variants->type == SYMM_JSON_ARRAY ? variants->first : NULL; v; v = v->next) {
+        const symm_json *files = symm_json_member(v, "files", NULL);
+        cap += files && files->type == SYMM_JSON_OBJECT ? files->count : 0;
+    }
+    const char **names = malloc(cap * sizeof *names);
+    if (!names)
+        return NULL;
+    size_t n = 0;
+    names[n++] = "manifest.json";
+    for (const symm_json *v = variants && variants->type == SYMM_JSON_ARRAY ? variants->first : NULL; v; v = v->next) {
+        const symm_json *files = symm_json_member(v, "files", NULL);
+        for (const symm_json *f = files && files->type == SYMM_JSON_OBJECT ? files->first : NULL; f; f = f->next)
+            if (f->type == SYMM_JSON_STRING && strlen(f->str) == f->len)
+                names[n++] = f->str;
+    }
+    qsort(names, n, sizeof *names, compare_names);
+    *count = n;
+    return names;
+}
+
+/* Every entry of dir is a regular file that the manifest lists. */
+static bool only_listed_files(const char *dir, const symm_json *manifest, char *why, size_t why_size)
+{
+    size_t n = 0;
+    const char **names = listed_files(manifest, &n);
+    DIR *d = names ? opendir(dir) : NULL;
+    if (!d) {
+        snprintf(why, why_size, "cannot list it: %s", names ? strerror(errno) : "out of memory");
+        free(names);
         return false;
-    size_t n = fread(text, 1, MANIFEST_PROBE, f);
-    fclose(f);
-    text[n] = '\0';
-    return strstr(text, "\"format\"") != NULL;
+    }
+    bool ok = true;
+    for (struct dirent *e; ok && (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char path[PATH_MAX];
+        struct stat st;
+        const char *name = e->d_name;
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        ok = lstat(path, &st) == 0 && S_ISREG(st.st_mode) && bsearch(&name, names, n, sizeof *names, compare_names);
+        if (!ok)
+            snprintf(why, why_size, "it holds %s, which symmgen did not write", name);
+    }
+    closedir(d);
+    free(names);
+    return ok;
+}
+
+/* A directory symmgen wrote and nothing else touched: the whole directory is
+ * replaced, so anything in it that is not ours would be lost. */
+static bool looks_ours(const char *dir, char *why, size_t why_size)
+{
+    size_t len = 0;
+    char *text = read_manifest(dir, &len, why, why_size);
+    if (!text)
+        return false;
+    symm_json_doc *doc = NULL;
+    const symm_json *manifest = our_manifest(text, len, &doc, why, why_size);
+    free(text);
+    bool ours = manifest && only_listed_files(dir, manifest, why, why_size);
+    symm_json_free(doc);
+    return ours;
 }
 
 static bool dir_is_empty(const char *dir)
@@ -113,17 +237,15 @@ int sg_output_check_target(const char *dir, sg_diag *diag)
         sg_diag_add(diag, "%s: %s", dir, strerror(errno));
         return SG_EXIT_ERROR;
     }
-    const char *why = NULL;
+    char why[PATH_MAX + 128] = "";
     if (S_ISLNK(st.st_mode))
-        why = "a symbolic link";
+        snprintf(why, sizeof why, "a symbolic link");
     else if (!S_ISDIR(st.st_mode))
-        why = "not a directory";
-    else if (!manifest_looks_ours(dir) && !dir_is_empty(dir))
-        why = "no manifest.json";
-    if (!why)
+        snprintf(why, sizeof why, "not a directory");
+    else if (dir_is_empty(dir) || looks_ours(dir, why, sizeof why))
         return SG_EXIT_OK;
-    sg_diag_add(diag, "%s exists and is not a symmgen output directory (%s): refusing to replace it",
-                dir, why);
+    sg_diag_add(diag, "%s exists and is not a symmgen output directory (%s): refusing to replace it; "
+                "nothing was written", dir, why);
     return SG_EXIT_ERROR;
 }
 

@@ -211,6 +211,10 @@ int sg_nvrtc_compile(const char *program_name, const char *source, size_t len, c
  * or SG_EXIT_COMPILE with each failing variant's log in diag. */
 int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_opts *o, sg_diag *diag);
 
+/* The "format" of manifest.json (manifest.c); output.c recognises a
+ * directory it may replace by it. */
+#define SG_MANIFEST_FORMAT 1
+
 /* manifest.c: JSON of one variant as in manifest.json, indented by indent
  * spaces (its first line unindented); g NULL leaves out files and hashes. */
 void sg_manifest_variant(const sg_variant *v, const sg_generated *g, int indent, sg_buf *out);
@@ -238,7 +242,10 @@ typedef struct sg_output {
 int sg_output_write(const sg_output *outs, size_t n, const sg_compile_opts *compile, sg_diag *diag);
 
 /* output.c: SG_EXIT_OK when dir does not exist or may be replaced by
- * sg_output_write, else SG_EXIT_ERROR with the reason in diag. */
+ * sg_output_write: an empty directory, or one whose manifest.json is a JSON
+ * object with "format": SG_MANIFEST_FORMAT and a "symmgen" string and which
+ * holds only regular files that manifest lists. Else SG_EXIT_ERROR with the
+ * reason in diag. */
 int sg_output_check_target(const char *dir, sg_diag *diag);
 
 #endif

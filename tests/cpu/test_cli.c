@@ -565,6 +565,47 @@ Test(cli, refuses_to_replace_a_directory_that_is_not_ours)
     sg_buf_free(&after);
 }
 
+/* A manifest.json that mentions "format" does not make a directory ours:
+ * symmgen replaces the whole directory, and notes.txt would be lost. */
+Test(cli, refuses_a_directory_with_a_foreign_manifest_and_keeps_its_files)
+{
+    write_spec("s.lua", "v", rnd_in(1, 3));
+    char dir[32], manifest[64], notes[64], text[32];
+    FMT(dir, "proj%u", rnd() % 1000);
+    mkdir_at(dir);
+    FMT(manifest, "%s/manifest.json", dir);
+    FMT(notes, "%s/notes.txt", dir);
+    write_at(manifest, "{\"format\":\"png\"}\n");
+    FMT(text, "%u\n", rnd());
+    write_at(notes, text);
+    sg_buf before = {0}, after = {0};
+    snapshot_work(&before);
+    result r = RUN("-o", dir, "s.lua");
+    cr_assert_eq(r.status, 1, "symmgen -o %s exited %d, expected 1 (a refusal): %s", dir, r.status, r.err);
+    char want[128];
+    FMT(want, "%s exists and is not a symmgen output directory (", dir);
+    cr_assert(strstr(r.err, want) && strstr(r.err, "nothing was written"),
+              "expected \"%s...\" and \"nothing was written\", got: %s", want, r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "%s changed although symmgen refused it", dir);
+    result_free(&r);
+
+    /* symmgen's own output, with a file of the user's added, is kept too. */
+    r = RUN("-q", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    write_at("out/s/mine.c", text);
+    snapshot_work(&before);
+    r = RUN("s.lua");
+    cr_assert_eq(r.status, 1, "regenerating over out/s/mine.c exited %d, expected 1: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "it holds mine.c, which symmgen did not write"), "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "out/s changed although symmgen refused it");
+    result_free(&r);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+}
+
 Test(cli, write_error_exits_1_naming_the_file_and_keeps_the_output)
 {
     write_spec("s.lua", "v", 2);

@@ -443,19 +443,26 @@ static void free_outputs(sg_generated *g, size_t n)
     free(g);
 }
 
-/* An existing output directory with a manifest and random files. */
+/* An existing output directory: a manifest as symmgen writes it, listing the
+ * random files beside it. */
 static void make_old_output(const char *dir)
 {
     cr_assert_eq(mkdir(dir, 0755), 0);
     char path[PATH_MAX], text[64];
-    FMT(path, "%s/manifest.json", dir);
-    FMT(text, "{\n  \"format\": 1, \"x\": %u\n}\n", rnd());
-    write_text(path, text, strlen(text));
+    sg_buf manifest = {0};
+    sg_buf_printf(&manifest, "{\n  \"format\": 1,\n  \"symmgen\": \"0.%u\",\n  \"spec\": \"old.lua\",\n"
+                  "  \"variants\": [", rnd() % 100);
     for (int i = 0; i < 3; i++) {
+        sg_buf_printf(&manifest, "%s\n    {\"name\": \"old%d\", \"files\": {\"cu\": \"old%d.cu\", "
+                      "\"h\": \"old%d.h\", \"c\": \"old%d.c\"}}", i ? "," : "", i, i, i, i);
         FMT(path, "%s/old%d.c", dir, i);
         FMT(text, "/* %u */\n", rnd());
         write_text(path, text, strlen(text));
     }
+    sg_buf_puts(&manifest, "\n  ]\n}\n");
+    FMT(path, "%s/manifest.json", dir);
+    write_text(path, manifest.data, manifest.len);
+    sg_buf_free(&manifest);
 }
 
 TestSuite(output, .init = setup, .fini = teardown);
@@ -587,6 +594,68 @@ Test(output, refuses_to_replace_what_is_not_ours)
     cr_assert_eq(count_entries(empty), 4);
     sg_buf_free(&before);
     sg_buf_free(&after);
+    free_outputs(g, 1);
+}
+
+/* The whole directory is replaced: only one that symmgen wrote, holding
+ * nothing else, may be. A manifest.json that merely mentions "format" is
+ * someone else's. */
+Test(output, refuses_a_foreign_manifest_or_files_symmgen_did_not_write)
+{
+    sg_variant vs[1];
+    sg_generated *g = make_outputs(vs, 1, -1);
+    char extra[32], sub[32];
+    FMT(extra, "notes%u.txt", rnd() % 1000);
+    FMT(sub, "build%u", rnd() % 1000);
+    const struct {
+        const char *manifest;  /* NULL: make_old_output's */
+        const char *add;       /* a file (sub: a directory) put beside it */
+        const char *why;
+    } cases[] = {
+        {"{\"format\":\"png\"}", NULL, "not a symmgen manifest"},
+        {"{\"format\": 2, \"symmgen\": \"1.0\"}", NULL, "not a symmgen manifest"},
+        {"{\"format\": 1}", NULL, "not a symmgen manifest"},
+        {"{\"format\": 1, \"symmgen\": 1}", NULL, "not a symmgen manifest"},
+        {"[{\"format\": 1, \"symmgen\": \"1.0\"}]", NULL, "not a symmgen manifest"},
+        {"\"format\"", NULL, "not a symmgen manifest"},
+        {"{\"format\": 1, \"symmgen\": \"1.0\",}", NULL, "manifest.json is not JSON: line 1"},
+        /* A manifest of ours that does not list the old*.c beside it. */
+        {"{\"format\": 1, \"symmgen\": \"1.0\", \"variants\": []}", NULL, ".c, which symmgen did not write"},
+        {NULL, extra, extra},
+        {NULL, sub, sub},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[PATH_MAX], path[PATH_MAX + 64];
+        FMT(dir, "%s/proj%zu", tmp_root, i);
+        make_old_output(dir);
+        if (cases[i].manifest) {
+            FMT(path, "%s/manifest.json", dir);
+            write_text(path, cases[i].manifest, strlen(cases[i].manifest));
+        }
+        if (cases[i].add == sub) {
+            FMT(path, "%s/%s", dir, sub);
+            cr_assert_eq(mkdir(path, 0755), 0);
+        } else if (cases[i].add) {
+            FMT(path, "%s/%s", dir, cases[i].add);
+            write_text(path, "x\n", 2);
+        }
+        sg_buf before = {0}, after = {0};
+        snapshot(tmp_root, &before);
+        sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 1};
+        sg_diag diag = {0};
+        cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_ERROR,
+                     "case %zu: %s was replaced, expected a refusal (%s)", i, dir, cases[i].why);
+        cr_assert(diag.count == 1 && strstr(diag.messages[0], dir) &&
+                      strstr(diag.messages[0], "is not a symmgen output directory") &&
+                      strstr(diag.messages[0], cases[i].why) && strstr(diag.messages[0], "nothing was written"),
+                  "case %zu: expected a refusal naming %s, \"%s\" and \"nothing was written\", got: %s", i, dir,
+                  cases[i].why, diag.count ? diag.messages[0] : "(no message)");
+        snapshot(tmp_root, &after);
+        cr_assert_str_eq(after.data, before.data, "case %zu: the tree changed after a refusal", i);
+        sg_diag_free(&diag);
+        sg_buf_free(&before);
+        sg_buf_free(&after);
+    }
     free_outputs(g, 1);
 }
 
