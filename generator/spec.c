@@ -101,6 +101,64 @@ static const char *const keywords[] = {
     "wchar_t", "while", "xor", "xor_eq",
 };
 
+/* Names that the generated header's includes declare (NAME.h includes
+ * <stdint.h> and symm_variant.h, which includes <stddef.h> and <cuda.h>,
+ * which includes <stdlib.h>) and that the rules of reserved_name() do not
+ * cover. NAME.h declares `typedef struct NAME NAME;`, so a variant of such a
+ * name redeclares it as a different kind of thing (or, for a macro, expands
+ * it). Taken from glibc with _GNU_SOURCE (the most it declares) and CUDA 12;
+ * tests/cpu/test_spec.c checks the list against the headers it compiles with. */
+static const char *const stdlib_names[] = {
+    "BIG_ENDIAN", "BYTE_ORDER", "EXIT_FAILURE", "EXIT_SUCCESS", "FD_CLR", "FD_ISSET", "FD_SET",
+    "FD_SETSIZE", "FD_ZERO", "LITTLE_ENDIAN", "MB_CUR_MAX", "NFDBITS", "PDP_ENDIAN", "RAND_MAX",
+    "WCONTINUED", "WEXITED", "WEXITSTATUS", "WIFCONTINUED", "WIFEXITED", "WIFSIGNALED",
+    "WIFSTOPPED", "WNOHANG", "WNOWAIT", "WSTOPPED", "WSTOPSIG", "WTERMSIG", "WUNTRACED", "a64l",
+    "abort", "abs", "aligned_alloc", "alloca", "arc4random", "arc4random_buf", "arc4random_uniform",
+    "at_quick_exit", "atexit", "atof", "atoi", "atol", "atoll", "be16toh", "be32toh", "be64toh",
+    "bsearch", "calloc", "canonicalize_file_name", "clearenv", "div", "drand48", "drand48_data",
+    "drand48_r", "ecvt", "ecvt_r", "erand48", "erand48_r", "exit", "fcvt", "fcvt_r", "fd_mask",
+    "fd_set", "free", "gcvt", "getenv", "getloadavg", "getpt", "getsubopt", "grantpt", "htobe16",
+    "htobe32", "htobe64", "htole16", "htole32", "htole64", "initstate", "initstate_r", "jrand48",
+    "jrand48_r", "l64a", "labs", "lcong48", "lcong48_r", "ldiv", "le16toh", "le32toh", "le64toh",
+    "llabs", "lldiv", "lrand48", "lrand48_r", "malloc", "mblen", "mbstowcs", "mbtowc", "mkdtemp",
+    "mkostemp", "mkostemp64", "mkostemps", "mkostemps64", "mkstemp", "mkstemp64", "mkstemps",
+    "mkstemps64", "mktemp", "mrand48", "mrand48_r", "nrand48", "nrand48_r", "on_exit",
+    "posix_memalign", "posix_openpt", "pselect", "ptsname", "ptsname_r", "putenv", "qecvt",
+    "qecvt_r", "qfcvt", "qfcvt_r", "qgcvt", "qsort", "qsort_r", "quick_exit", "rand", "rand_r",
+    "random", "random_data", "random_r", "realloc", "reallocarray", "realpath", "rpmatch",
+    "secure_getenv", "seed48", "seed48_r", "select", "setenv", "setstate", "setstate_r", "srand",
+    "srand48", "srand48_r", "srandom", "srandom_r", "std", "strfromd", "strfromf", "strfromf128",
+    "strfromf32", "strfromf32x", "strfromf64", "strfromf64x", "strfroml", "strtod", "strtod_l",
+    "strtof", "strtof128", "strtof128_l", "strtof32", "strtof32_l", "strtof32x", "strtof32x_l",
+    "strtof64", "strtof64_l", "strtof64x", "strtof64x_l", "strtof_l", "strtol", "strtol_l",
+    "strtold", "strtold_l", "strtoll", "strtoll_l", "strtoq", "strtoul", "strtoul_l", "strtoull",
+    "strtoull_l", "strtouq", "system", "timespec", "timeval", "u_char", "u_int", "u_long",
+    "u_short", "uint", "ulong", "unlockpt", "unsetenv", "ushort", "valloc", "wcstombs", "wctomb",
+};
+static const char *const stddef_stdint_names[] = {
+    "NULL", "PTRDIFF_MAX", "PTRDIFF_MIN", "PTRDIFF_WIDTH", "SIG_ATOMIC_MAX", "SIG_ATOMIC_MIN",
+    "SIG_ATOMIC_WIDTH", "SIZE_MAX", "SIZE_WIDTH", "WCHAR_MAX", "WCHAR_MIN", "WCHAR_WIDTH",
+    "WINT_MAX", "WINT_MIN", "WINT_WIDTH", "offsetof",
+};
+static const char *const cuda_names[] = {
+    "CIG_DATA_TYPE_D3D12_COMMAND_QUEUE", "CIG_DATA_TYPE_NV_BLOB", "NVCL_CTX_SCHED_AUTO",
+    "NVCL_CTX_SCHED_BLOCKING_SYNC", "NVCL_CTX_SCHED_SPIN", "NVCL_CTX_SCHED_YIELD",
+    "NVCL_EVENT_SCHED_AUTO", "NVCL_EVENT_SCHED_BLOCKING_SYNC", "NVCL_EVENT_SCHED_SPIN",
+    "NVCL_EVENT_SCHED_YIELD", "RESOURCE_ABI_EXTERNAL_BYTES", "RESOURCE_ABI_VERSION",
+    "cl_context_flags", "cl_context_flags_enum", "cl_event_flags", "cl_event_flags_enum",
+};
+
+/* What NAME.h (templates/variant.h.in) declares besides NAME: functions
+ * NAME_SUFFIX (and the types NAME_x_t, NAME_y_t, which the _t rule covers)
+ * and macros UPPER_SUFFIX, UPPER the name in capitals. Another variant named
+ * like one of them would clash with it in a file that includes both headers. */
+static const char *const derived_functions[] = {
+    "_desc", "_create", "_destroy", "_dispatch", "_combine", "_recv", "_stats",
+};
+static const char *const derived_macros[] = {
+    "_HIDDEN", "_TOPK", "_EXPERTS", "_WORLD", "_LOCAL_EXPERTS", "_MAX_TOKENS", "_CAPACITY", "_WEIGHTS",
+};
+
 typedef enum raw_kind { RAW_ABSENT, RAW_INT, RAW_FLOAT, RAW_STRING, RAW_BOOL, RAW_OTHER } raw_kind;
 
 /* A value as the spec wrote it, copied out of Lua. */
@@ -263,6 +321,62 @@ static bool is_keyword(const char *s)
         if (strcmp(s, keywords[i]) == 0)
             return true;
     return false;
+}
+
+static bool in_list(const char *s, const char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s, list[i]) == 0)
+            return true;
+    return false;
+}
+
+#define IN_LIST(s, list) in_list(s, list, sizeof list / sizeof list[0])
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* <stdint.h>'s limits and constant macros: INT8_MAX, UINTMAX_C, INT8_WIDTH, ... */
+static bool stdint_macro(const char *s)
+{
+    bool int_prefix = strncmp(s, "INT", 3) == 0 || strncmp(s, "UINT", 4) == 0;
+    return int_prefix && (ends_with(s, "_MAX") || ends_with(s, "_MIN") || ends_with(s, "_C") || ends_with(s, "_WIDTH"));
+}
+
+/* The expectation a name breaks when the generated files cannot use it:
+ * NAME.h declares the type NAME (and NAME_create, ...) after including
+ * <stdint.h>, symm_variant.h, <stddef.h>, <cuda.h> and <stdlib.h>, so the
+ * name must not be anything they declare. NULL when the name is usable. */
+static const char *reserved_name(const char *s)
+{
+    if (is_keyword(s))
+        return "a name that is not a C or C++ keyword";
+    /* The runtime's names (symm_variant.h, symm_world_create, ...) would be
+     * shadowed or defined twice by the generated files. */
+    if (strncasecmp(s, "symm_", 5) == 0)
+        return "a name that does not start with symm_ (the runtime's prefix)";
+    if (s[0] == '_')
+        return "a name that does not start with _ (reserved at file scope for the compiler and the "
+               "C library: __int128, _Float16 and more)";
+    if (ends_with(s, "_t"))
+        return "a name that does not end in _t (reserved for types: the generated header includes "
+               "<stdint.h> and <stddef.h>, which declare int32_t, size_t and more)";
+    if (strncmp(s, "cu", 2) == 0 || strncmp(s, "CU", 2) == 0)
+        return "a name that does not start with cu or CU (reserved for cuda.h, which the generated "
+               "header includes: CUstream, cuInit and more)";
+    if (stdint_macro(s) || IN_LIST(s, stddef_stdint_names))
+        return "a name that <stddef.h> and <stdint.h> do not define (the generated header includes "
+               "them and declares the variant's name as a type)";
+    if (IN_LIST(s, stdlib_names))
+        return "a name that <stdlib.h> does not declare (the generated header includes it, through "
+               "cuda.h, and declares the variant's name as a type)";
+    if (IN_LIST(s, cuda_names))
+        return "a name that cuda.h does not declare (the generated header includes it and declares "
+               "the variant's name as a type)";
+    return NULL;
 }
 
 /* A field name as shown in a message: bare when it is an identifier. */
@@ -1046,12 +1160,6 @@ static int run_protected(lua_State *L)
     return 0;
 }
 
-static bool ends_with(const char *s, const char *tail)
-{
-    size_t n = strlen(s), t = strlen(tail);
-    return n >= t && strcmp(s + n - t, tail) == 0;
-}
-
 /* Runs the spec; its layout calls end up in run->vars. */
 static int run_spec(spec_run *run, sg_diag *diag)
 {
@@ -1238,8 +1346,23 @@ static bool name_is_usable(const raw_value *v)
     return v->kind == RAW_STRING && v->len < SG_NAME_MAX && is_identifier(v->s, v->len) && !is_keyword(v->s);
 }
 
-/* first_use: the earlier variant with the same name, or NULL. */
-static bool check_name(check *c, const raw_variant *first_use, char *name)
+/* How a variant's name relates to the other variants' names. */
+typedef struct name_use {
+    const raw_variant *first;        /* the earlier variant of the same name, or NULL */
+    const raw_variant *clash;        /* a variant whose header declares what this name names */
+    char clash_ident[SG_NAME_MAX + 16]; /* what it declares */
+} name_use;
+
+static void variant_place(char *buf, const check *c, const raw_variant *other)
+{
+    buf[0] = '\0';
+    if (other->source == c->rv->source)
+        append(buf, "line %d", other->line);
+    else
+        append(buf, "%s:%d", c->run->sources[other->source], other->line);
+}
+
+static bool check_name(check *c, const name_use *use, char *name)
 {
     const raw_value *v = value_of(c, F_NAME);
     if (v->kind == RAW_ABSENT) {
@@ -1254,22 +1377,21 @@ static bool check_name(check *c, const raw_variant *first_use, char *name)
         got_expected(c, F_NAME, "a name of at most %d characters", SG_NAME_MAX - 1);
         return false;
     }
-    if (is_keyword(v->s)) {
-        got_expected(c, F_NAME, "a name that is not a C or C++ keyword");
+    const char *reserved = reserved_name(v->s);
+    if (reserved) {
+        got_expected(c, F_NAME, "%s", reserved);
         return false;
     }
-    /* The runtime's names (symm_variant.h, symm_world_create, ...) would be
-     * shadowed or defined twice by the generated files. */
-    if (strncasecmp(v->s, "symm_", 5) == 0) {
-        got_expected(c, F_NAME, "a name that does not start with symm_ (the runtime's prefix)");
+    char place[VALUE_BUF];
+    if (use->first) {
+        variant_place(place, c, use->first);
+        got_expected(c, F_NAME, "a name not used before, ignoring case (%s has it)", place);
         return false;
     }
-    if (first_use) {
-        if (first_use->source == c->rv->source)
-            got_expected(c, F_NAME, "a name not used before, ignoring case (line %d has it)", first_use->line);
-        else
-            got_expected(c, F_NAME, "a name not used before, ignoring case (%s:%d has it)",
-                         c->run->sources[first_use->source], first_use->line);
+    if (use->clash) {
+        variant_place(place, c, use->clash);
+        got_expected(c, F_NAME, "a name that no other variant's header declares (the header of variant %s, "
+                     "%s, declares %s)", use->clash->field[F_NAME].s, place, use->clash_ident);
         return false;
     }
     memcpy(name, v->s, v->len + 1);
@@ -1451,19 +1573,19 @@ static void check_combinations(check *c, sg_variant *v, const bool *ok)
         check_sizes(c, v);
 }
 
-static void check_variant(check *c, const raw_variant *first_use, sg_variant *v)
+static void check_variant(check *c, const name_use *use, sg_variant *v)
 {
     bool ok[F_COUNT] = { false };
     memset(v, 0, sizeof *v);
     v->line = c->rv->line;
     report_extra_keys(c);
-    ok[F_NAME] = check_name(c, first_use, v->name);
+    ok[F_NAME] = check_name(c, use, v->name);
     check_ints(c, v, ok);
     check_choices(c, v, ok);
     check_combinations(c, v, ok);
 }
 
-/* For each variant, the earlier variant with the same (usable) name. */
+/* Names in the order of strcasecmp, then of declaration. */
 static int cmp_by_name(const void *a, const void *b, void *vars)
 {
     const raw_variant *rv = vars;
@@ -1472,7 +1594,70 @@ static int cmp_by_name(const void *a, const void *b, void *vars)
     return d ? d : (ia > ib) - (ia < ib);
 }
 
-static int find_first_uses(const spec_run *run, const raw_variant **first)
+/* The first variant in order[0..n) whose name is s[0..len) ignoring case. */
+static const raw_variant *find_name(const spec_run *run, const size_t *order, size_t n, const char *s,
+                                    size_t len)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const char *name = run->vars[order[mid]].field[F_NAME].s;
+        int d = strncasecmp(name, s, len);
+        if (d == 0)
+            d = name[len] != '\0';
+        if (d < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const raw_variant *v = lo < n ? &run->vars[order[lo]] : NULL;
+    return v && strncasecmp(v->field[F_NAME].s, s, len) == 0 && v->field[F_NAME].s[len] == '\0' ? v : NULL;
+}
+
+static bool is_upper_of(const char *upper, size_t len, const char *name)
+{
+    for (size_t i = 0; i < len; i++)
+        if (upper[i] != (name[i] >= 'a' && name[i] <= 'z' ? name[i] - 'a' + 'A' : name[i]))
+            return false;
+    return name[len] == '\0';
+}
+
+/* Another variant whose header declares what name names: name is P_create
+ * (or another of derived_functions) or P_HIDDEN (derived_macros, in
+ * capitals) of a variant P, or name is P_local, whose P_LOCAL_EXPERTS would
+ * be P's too. */
+static void find_clash(const spec_run *run, const size_t *order, size_t n, const char *name, name_use *use)
+{
+    size_t len = strlen(name);
+    for (size_t k = 0; k < sizeof derived_functions / sizeof derived_functions[0] && !use->clash; k++) {
+        size_t sl = strlen(derived_functions[k]);
+        const raw_variant *p = len > sl && strcmp(name + len - sl, derived_functions[k]) == 0
+            ? find_name(run, order, n, name, len - sl) : NULL;
+        if (p && strncmp(p->field[F_NAME].s, name, len - sl) == 0)
+            use->clash = p;
+    }
+    for (size_t k = 0; k < sizeof derived_macros / sizeof derived_macros[0] && !use->clash; k++) {
+        size_t sl = strlen(derived_macros[k]);
+        const raw_variant *p = len > sl && strcmp(name + len - sl, derived_macros[k]) == 0
+            ? find_name(run, order, n, name, len - sl) : NULL;
+        if (p && is_upper_of(name, len - sl, p->field[F_NAME].s))
+            use->clash = p;
+    }
+    if (use->clash) {
+        snprintf(use->clash_ident, sizeof use->clash_ident, "%s", name);
+        return;
+    }
+    if (len > 6 && strcasecmp(name + len - 6, "_local") == 0 &&
+        (use->clash = find_name(run, order, n, name, len - 6))) {
+        snprintf(use->clash_ident, sizeof use->clash_ident, "%s_EXPERTS, as this one would", name);
+        for (char *p = use->clash_ident; *p != ','; p++)
+            *p = *p >= 'a' && *p <= 'z' ? (char)(*p - 'a' + 'A') : *p;
+    }
+}
+
+/* For each variant, the earlier variant with the same (usable) name, and a
+ * variant whose generated header declares that name. */
+static int find_name_uses(const spec_run *run, name_use *uses)
 {
     size_t *order = malloc((run->n_vars + 1) * sizeof *order), n = 0;
     if (!order)
@@ -1486,17 +1671,19 @@ static int find_first_uses(const spec_run *run, const raw_variant **first)
         /* Names differing only in case share include guards and macros
          * (NAME_UPPER) and collide on case-insensitive file systems. */
         if (strcasecmp(prev->field[F_NAME].s, cur->field[F_NAME].s) == 0)
-            first[order[i]] = first[order[i - 1]] ? first[order[i - 1]] : prev;
+            uses[order[i]].first = uses[order[i - 1]].first ? uses[order[i - 1]].first : prev;
     }
+    for (size_t i = 0; i < n; i++)
+        find_clash(run, order, n, run->vars[order[i]].field[F_NAME].s, &uses[order[i]]);
     free(order);
     return 0;
 }
 
 static int validate(const spec_run *run, const override *const *ovr, sg_variant *out, sg_diag *diag)
 {
-    const raw_variant **first = calloc(run->n_vars + 1, sizeof *first);
-    if (!first || find_first_uses(run, first) != 0) {
-        free(first);
+    name_use *uses = calloc(run->n_vars + 1, sizeof *uses);
+    if (!uses || find_name_uses(run, uses) != 0) {
+        free(uses);
         sg_diag_add(diag, "%s: out of memory", run->path);
         return 1;
     }
@@ -1508,10 +1695,10 @@ static int validate(const spec_run *run, const override *const *ovr, sg_variant 
             snprintf(c.label, sizeof c.label, "%s", name->s);
         else
             snprintf(c.label, sizeof c.label, "#%zu", i + 1);
-        check_variant(&c, first[i], &out[i]);
+        check_variant(&c, &uses[i], &out[i]);
         errors += c.errors;
     }
-    free(first);
+    free(uses);
     return errors;
 }
 

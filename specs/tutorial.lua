@@ -14,7 +14,10 @@
 -- The fields:
 --
 --   name          the C identifier prefix of the variant's API; letters,
---                 digits and _, unique in the file.                 required
+--                 digits and _, unique in the file (ignoring case). required
+--                 Not a C or C++ keyword, nor a name the generated header's
+--                 includes declare: no _ first, no _t last, no cu, CU or
+--                 symm_ prefix, not NULL, free, INT8_MAX, ...
 --   hidden        elements per token (the model's hidden size).     required
 --   topk          experts each token is routed to, 1..16.           required
 --   experts       experts in total; a multiple of world.            required
@@ -44,7 +47,7 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:56: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:59: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --

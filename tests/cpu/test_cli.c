@@ -768,6 +768,50 @@ Test(cli, generated_c_of_the_default_spec_compiles_cleanly)
     cr_assert(c_files > 0 && objects == c_files, "%d .c files, %d objects", c_files, objects);
 }
 
+/* Names whose generated C would not compile (the headers of the stub
+ * declare them) are refused; names next to them are accepted, and their
+ * headers compile together, in C and C++. */
+Test(cli, reserved_names_are_refused_and_near_misses_compile_together)
+{
+    static const char *const reserved[] = {"int32_t", "size_t", "uint16_t", "CUstream", "NULL", "free", "cuInit",
+                                           "INT8_MAX", "_x"};
+    static const char *const near[] = {"int32", "sizes", "Null", "Free", "Cu", "stream", "t_", "x_", "cUx",
+                                       "Uint16", "nul", "malloc_"};
+    const char *bad = reserved[rnd() % (sizeof reserved / sizeof reserved[0])];
+    sg_buf spec = {0};
+    variant_line(&spec, bad, rnd_in(1, 64));
+    write_at("bad.lua", spec.data);
+    result r = RUN("bad.lua");
+    char want[128];
+    FMT(want, "variant %s: field name: got \"%s\", expected a name that ", bad, bad);
+    cr_assert(r.status == 1 && strstr(r.err, want), "name %s: exit %d, expected 1 with \"%s\": %s", bad,
+              r.status, want, r.err);
+    cr_assert(!exists_at("out"), "a refused name wrote out/");
+    result_free(&r);
+
+    spec.len = 0;
+    int n = rnd_in(3, 6), first = rnd_in(0, 11);
+    for (int i = 0; i < n; i++)
+        variant_line(&spec, near[(first + i) % 12], rnd_in(1, 64));
+    write_at("near.lua", spec.data);
+    r = RUN("-q", "-o", "gen", "near.lua");
+    cr_assert_eq(r.status, 0, "near misses were refused: %s", r.err);
+    result_free(&r);
+    sg_buf all = {0};
+    for (int i = 0; i < n; i++)
+        sg_buf_printf(&all, "#include \"%s.h\"\n", near[(first + i) % 12]);
+    write_at("gen/all.c", all.data);
+    write_at("gen/all.cc", all.data);
+    char cmd[4 * PATH_MAX + 512];
+    FMT(cmd, "cd %s/gen && gcc -std=c11 -Wall -Wextra -Werror -I%s/runtime/include -I/usr/local/cuda/include -c *.c && "
+             "gcc -std=gnu11 -D_GNU_SOURCE -Wall -Werror -I%s/runtime/include -I/usr/local/cuda/include -c all.c && "
+             "g++ -std=c++17 -D_GNU_SOURCE -Wall -Werror -I%s/runtime/include -I/usr/local/cuda/include -c all.cc",
+        work, repo, repo, repo);
+    cr_assert_eq(system(cmd), 0, "the C of variants named %s... does not compile: %s", near[first], cmd);
+    sg_buf_free(&all);
+    sg_buf_free(&spec);
+}
+
 /* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator);
  * there a small spec with one variant of each layout and an fp8 one stands in
  * for the default spec's 19, to keep the sanitizer run short. */

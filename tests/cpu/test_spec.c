@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "moe_inputs.h"
 #include "sg.h"
 #include "world_fork.h"
@@ -1337,4 +1338,192 @@ Test(spec, names_with_the_runtime_prefix_are_refused)
     expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name that does not start with symm_ "
                    "(the runtime's prefix)", path, pad_lines + 1, name, name);
     expect_count(1);
+}
+
+/* A name that the generated header's includes declare would be declared
+ * again by it (typedef struct NAME NAME): the C would not compile. */
+Test(spec, names_the_generated_headers_declare_are_refused)
+{
+    const char *t_rule = "a name that does not end in _t (reserved for types: the generated header includes "
+                         "<stdint.h> and <stddef.h>, which declare int32_t, size_t and more)";
+    const char *cu_rule = "a name that does not start with cu or CU (reserved for cuda.h, which the generated "
+                          "header includes: CUstream, cuInit and more)";
+    const char *std_rule = "a name that <stddef.h> and <stdint.h> do not define (the generated header includes "
+                           "them and declares the variant's name as a type)";
+    const char *stdlib_rule = "a name that <stdlib.h> does not declare (the generated header includes it, "
+                              "through cuda.h, and declares the variant's name as a type)";
+    const char *under_rule = "a name that does not start with _ (reserved at file scope for the compiler and "
+                             "the C library: __int128, _Float16 and more)";
+    char own_t[32], own_cu[32], own_CU[32], own_under[32], own_max[32];
+    snprintf(own_t, sizeof own_t, "v%u_t", rnd(0, 99999));
+    snprintf(own_cu, sizeof own_cu, "cu%u", rnd(0, 99999));
+    snprintf(own_CU, sizeof own_CU, "CU_v%u", rnd(0, 99999));
+    snprintf(own_under, sizeof own_under, "_v%u", rnd(0, 99999));
+    snprintf(own_max, sizeof own_max, "UINT%u_MAX", rnd(0, 99999));
+    const struct { const char *name, *expected; } cases[] = {
+        { "int32_t", t_rule }, { "size_t", t_rule }, { "uint16_t", t_rule }, { own_t, t_rule },
+        { "CUstream", cu_rule }, { "cuInit", cu_rule }, { own_cu, cu_rule }, { own_CU, cu_rule },
+        { "NULL", std_rule }, { "INT8_MAX", std_rule }, { "UINTMAX_C", std_rule }, { own_max, std_rule },
+        { "free", stdlib_rule }, { "malloc", stdlib_rule }, { "timespec", stdlib_rule },
+        { "__int128", under_rule }, { own_under, under_rule },
+    };
+    const int n = sizeof cases / sizeof cases[0];
+    int first = (int)rnd(0, n - 1); /* the cases in a random rotation */
+    sg_buf text = { 0 };
+    sg_buf_puts(&text, padding());
+    for (int i = 0; i < n; i++) {
+        shape sh = random_shape();
+        sg_buf_printf(&text, "layout { %s, name = \"%s\" }\n", fields_except(&sh, "name"),
+                      cases[(first + i) % n].name);
+    }
+    const char *path = write_file("spec.lua", "%s", text.data);
+    cr_assert(load(path) == -1, "a spec of names the headers declare loaded");
+    for (int i = 0; i < n; i++) {
+        const char *name = cases[(first + i) % n].name;
+        expect_message("%s:%d: variant %s: field name: got \"%s\", expected %s", path, pad_lines + 1 + i, name,
+                       name, cases[(first + i) % n].expected);
+    }
+    expect_count(n);
+    sg_buf_free(&text);
+}
+
+/* snprintf into a shape's name, failing the test rather than truncating. */
+#define SET_NAME(name, ...) cr_assert(snprintf(name, sizeof name, __VA_ARGS__) < (int)sizeof name, "name too long")
+
+/* Another variant's header declares P_create, ..., P_HIDDEN, ... and
+ * P_LOCAL_EXPERTS: a file including both headers would not compile. */
+Test(spec, names_another_variants_header_declares_are_refused)
+{
+    static const char *const functions[] = { "desc", "create", "destroy", "dispatch", "combine", "recv", "stats" };
+    /* LOCAL_EXPERTS stands for itself below (base_local's EXPERTS too). */
+    static const char *const macros[] = { "HIDDEN", "TOPK", "EXPERTS", "WORLD", "MAX_TOKENS", "CAPACITY",
+                                          "WEIGHTS" };
+    shape base = random_shape(), clash[3];
+    char upper[80], want[3][128];
+    snprintf(upper, sizeof upper, "%s", base.name);
+    for (char *p = upper; *p; p++)
+        *p = (char)toupper((unsigned char)*p);
+    clash[0] = random_shape();
+    unsigned f = rnd(0, 6);
+    SET_NAME(clash[0].name, "%s_%s", base.name, functions[f]);
+    snprintf(want[0], sizeof want[0], "%s", clash[0].name);
+    clash[1] = random_shape();
+    SET_NAME(clash[1].name, "%s_%s", upper, macros[rnd(0, 6)]);
+    snprintf(want[1], sizeof want[1], "%s", clash[1].name);
+    clash[2] = random_shape();
+    SET_NAME(clash[2].name, "%s_%s", base.name, rnd(0, 1) ? "local" : "LOCAL");
+    snprintf(want[2], sizeof want[2], "%s_LOCAL_EXPERTS, as this one would", upper);
+    /* Near misses that declare nothing of base's: accepted. */
+    shape fine[2] = { random_shape(), random_shape() };
+    SET_NAME(fine[0].name, "%s_%s", upper, functions[(f + rnd(1, 6)) % 7]); /* not clash[0] in capitals */
+    SET_NAME(fine[1].name, "%s_%s_x", base.name, functions[rnd(0, 6)]);
+    const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s }\nlayout { %s }\nlayout { %s }\n"
+                                  "layout { %s }\nlayout { %s }\n", padding(), fields(&clash[0]), fields(&fine[0]),
+                                  fields(&clash[1]), fields(&base), fields(&clash[2]), fields(&fine[1]));
+    cr_assert(load(path) == -1);
+    const int lines[3] = { 1, 3, 5 };
+    for (int i = 0; i < 3; i++)
+        expect_message("%s:%d: variant %s: field name: got \"%s\", expected a name that no other variant's "
+                       "header declares (the header of variant %s, line %d, declares %s)", path,
+                       pad_lines + lines[i], clash[i].name, clash[i].name, base.name, pad_lines + 4, want[i]);
+    expect_count(3);
+}
+
+/* ---- every identifier the stub's headers declare ---------------------- */
+
+/* Adds the names of the file-scope declarations in a clang AST (JSON):
+ * functions, types, tags, variables, enumerators, namespaces, also inside
+ * extern "C" { }. */
+static void add_declared(const symm_json *decls, sg_buf *names)
+{
+    static const char *const kinds[] = { "FunctionDecl", "TypedefDecl", "VarDecl", "RecordDecl", "CXXRecordDecl",
+                                         "EnumDecl", "NamespaceDecl", "TypeAliasDecl", "FunctionTemplateDecl",
+                                         "ClassTemplateDecl", "EnumConstantDecl", "UsingShadowDecl" };
+    for (const symm_json *d = decls ? decls->first : NULL; d; d = d->next) {
+        const symm_json *kind = symm_json_member(d, "kind", NULL), *name = symm_json_member(d, "name", NULL);
+        if (!kind || kind->type != SYMM_JSON_STRING)
+            continue;
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+            if (strcmp(kind->str, kinds[k]) == 0 && name && name->type == SYMM_JSON_STRING && name->len > 0)
+                sg_buf_printf(names, "%s\n", name->str);
+        if (strcmp(kind->str, "LinkageSpecDecl") == 0 || strcmp(kind->str, "EnumDecl") == 0)
+            add_declared(symm_json_member(d, "inner", NULL), names);
+    }
+}
+
+static char *command_output(const char *cmd, size_t *len)
+{
+    FILE *p = popen(cmd, "r");
+    cr_assert(p != NULL, "%s: %s", cmd, strerror(errno));
+    sg_buf out = { 0 };
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
+        sg_buf_append(&out, chunk, n);
+    cr_assert(pclose(p) == 0, "%s failed", cmd);
+    *len = out.len;
+    return out.data;
+}
+
+Test(spec, every_name_the_stub_headers_declare_is_refused)
+{
+    const char *cuda = getenv("CUDA_HOME") && *getenv("CUDA_HOME") ? getenv("CUDA_HOME") : "/usr/local/cuda";
+    const char *stub = write_file("stub.h", "#include <stdint.h>\n#include \"symm_variant.h\"\n");
+    sg_buf names = { 0 };
+    /* What NAME.h's includes declare, in C and in C++ (glibc's most, with
+     * _GNU_SOURCE), and the macros they define. */
+    const char *const compilers[] = { "clang -x c -std=c11", "clang -x c++ -std=c++17" };
+    for (int i = 0; i < 2; i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "%s -D_GNU_SOURCE -fsyntax-only -Xclang -ast-dump=json -Iruntime/include "
+                 "-I%s/include %s", compilers[i], cuda, stub);
+        size_t len;
+        char *ast = command_output(cmd, &len);
+        symm_json_doc *doc = NULL;
+        int line, col;
+        char why[256];
+        cr_assert(symm_json_parse(ast, len, &doc, &line, &col, why, sizeof why) == SYMM_JSON_OK,
+                  "%s: not JSON at %d:%d: %s", cmd, line, col, why);
+        add_declared(symm_json_member(symm_json_root(doc), "inner", NULL), &names);
+        symm_json_free(doc);
+        free(ast);
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "gcc -std=c11 -D_GNU_SOURCE -dM -E -Iruntime/include -I%s/include %s | "
+             "sed -n 's/^#define \\([A-Za-z_][A-Za-z0-9_]*\\).*/\\1/p'", cuda, stub);
+    size_t len;
+    char *macros = command_output(cmd, &len);
+    sg_buf_append(&names, macros, len);
+    free(macros);
+
+    /* One variant per name, each on its own line. */
+    sg_buf text = { 0 };
+    int count = 0;
+    shape sh = random_shape();
+    for (char *name = names.data, *nl; (nl = strchr(name, '\n')); name = nl + 1, count++) {
+        *nl = '\0';
+        sg_buf_printf(&text, "layout { %s, name = \"%s\" }\n", fields_except(&sh, "name"), name);
+    }
+    cr_assert(count > 1000, "only %d names from the headers: is clang missing?", count);
+    const char *path = write_file("spec.lua", "%s", text.data);
+    cr_assert(load(path) == -1, "a spec of %d names the headers declare loaded", count);
+    char **by_line = calloc((size_t)count + 2, sizeof *by_line);
+    size_t plen = strlen(path);
+    for (size_t i = 0; i < diag.count; i++) {
+        const char *m = diag.messages[i];
+        int line = strncmp(m, path, plen) == 0 && m[plen] == ':' ? atoi(m + plen + 1) : 0;
+        if (line >= 1 && line <= count && strstr(m, ": field name: got ") && !by_line[line])
+            by_line[line] = diag.messages[i];
+    }
+    char *name = names.data;
+    for (int line = 1; line <= count; line++, name += strlen(name) + 1) {
+        const char *m = by_line[line];
+        /* Refused for being what it is, not for a clash with another line. */
+        cr_expect(m && !strstr(m, "a name not used before") && !strstr(m, "no other variant's header"),
+                  "%s, which the generated header's includes declare, is not refused as reserved: %s", name,
+                  m ? m : "(accepted)");
+    }
+    free(by_line);
+    sg_buf_free(&text);
+    sg_buf_free(&names);
 }
