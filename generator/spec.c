@@ -181,6 +181,7 @@ typedef struct raw_variant {
     size_t n_unknown;                 /* all of them, kept or not */
     raw_value positional;             /* the first value given without a field name */
     size_t n_positional;
+    bool complete;                    /* its layout call returned (not raised an error) */
 } raw_variant;
 
 /* Everything one sg_spec_load owns; the Lua state's allocator data. */
@@ -231,6 +232,16 @@ static int keep_string(raw_value *out, const char *s, size_t len)
     out->s = copy;
     out->len = len;
     return 0;
+}
+
+static void raw_variant_free(raw_variant *v)
+{
+    for (int f = 0; f < F_COUNT; f++)
+        raw_free(&v->field[f]);
+    for (size_t k = 0; k < v->n_unknown && k < KEEP_UNKNOWN; k++)
+        raw_free(&v->unknown[k]);
+    raw_free(&v->positional);
+    memset(v, 0, sizeof *v);
 }
 
 static bool raw_is(const raw_value *v, const char *literal)
@@ -739,9 +750,32 @@ static int record_stray_key(lua_State *L, raw_variant *v)
     return 0;
 }
 
+/* Reads the fields of layout's table (1) into slot (2) of run->vars. */
+static int read_layout(lua_State *L)
+{
+    spec_run *run = run_of(L);
+    size_t slot = (size_t)lua_tointeger(L, 2);
+    lua_settop(L, 1);
+    lua_pushnil(L);
+    while (lua_next(L, 1) != 0) {
+        if (record_stray_key(L, &run->vars[slot]) != 0)
+            return luaL_error(L, "layout: out of memory");
+        lua_pop(L, 1);
+    }
+    /* Fields are read through __index, so a table may inherit them. */
+    for (int f = 0; f < F_COUNT; f++) {
+        if (lua_getfield(L, 1, field_names[f]) != LUA_TNIL &&
+            copy_value(L, -1, &run->vars[slot].field[f]) != 0)
+            return luaL_error(L, "layout: out of memory");
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
 /* layout { field = value, ... }: records the fields as they are now and
  * the line of the call. Everything it allocates belongs to run at once, so
- * a Lua error at any point leaks nothing. */
+ * a Lua error at any point leaks nothing. A call that raised an error (a
+ * field's __index did, and the spec caught it with pcall) declares nothing. */
 static int spec_layout(lua_State *L)
 {
     spec_run *run = run_of(L);
@@ -759,8 +793,8 @@ static int spec_layout(lua_State *L)
         run->vars = grown;
         run->cap_vars = cap;
     }
-    /* Reading a field may run __index or a finalizer that calls layout
-     * again and moves run->vars: the slot is found by index every time. */
+    /* Reading a field may run __index that calls layout again and moves
+     * run->vars: the slot is found by index every time. */
     size_t slot = run->n_vars++;
     raw_variant *v = &run->vars[slot];
     memset(v, 0, sizeof *v);
@@ -770,19 +804,19 @@ static int spec_layout(lua_State *L)
         v->source = source_of(run, ar.source);
     }
     lua_settop(L, 1);
-    lua_pushnil(L);
-    while (lua_next(L, 1) != 0) {
-        if (record_stray_key(L, &run->vars[slot]) != 0)
-            return luaL_error(L, "layout: out of memory");
-        lua_pop(L, 1);
+    lua_pushcfunction(L, read_layout);
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, (lua_Integer)slot);
+    /* No message handler: the error goes on as it was raised. Calls nested
+     * in this one that returned keep their slots; this one is dropped when
+     * the spec has finished, or now if it is the last. */
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+        raw_variant_free(&run->vars[slot]);
+        if (slot + 1 == run->n_vars)
+            run->n_vars--;
+        return lua_error(L);
     }
-    /* Fields are read through __index, so a table may inherit them. */
-    for (int f = 0; f < F_COUNT; f++) {
-        if (lua_getfield(L, 1, field_names[f]) != LUA_TNIL &&
-            copy_value(L, -1, &run->vars[slot].field[f]) != 0)
-            return luaL_error(L, "layout: out of memory");
-        lua_pop(L, 1);
-    }
+    run->vars[slot].complete = true;
     return 0;
 }
 
@@ -1705,16 +1739,21 @@ static int validate(const spec_run *run, const override *const *ovr, sg_variant 
 /* ------------------------------------------------------------------------
  * The interface */
 
+/* Only layout calls that returned declare a variant: the slots of those
+ * that raised an error (already freed) go. */
+static void drop_incomplete(spec_run *run)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < run->n_vars; i++)
+        if (run->vars[i].complete)
+            run->vars[kept++] = run->vars[i];
+    run->n_vars = kept;
+}
+
 static void run_free(spec_run *run)
 {
-    for (size_t i = 0; i < run->n_vars; i++) {
-        raw_variant *v = &run->vars[i];
-        for (int f = 0; f < F_COUNT; f++)
-            raw_free(&v->field[f]);
-        for (size_t k = 0; k < v->n_unknown && k < KEEP_UNKNOWN; k++)
-            raw_free(&v->unknown[k]);
-        raw_free(&v->positional);
-    }
+    for (size_t i = 0; i < run->n_vars; i++)
+        raw_variant_free(&run->vars[i]);
     free(run->vars);
     for (size_t i = 0; i < run->n_sources; i++)
         free(run->sources[i]);
@@ -1767,6 +1806,7 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
     run.text = NULL;
     if (ran != 0)
         goto done;
+    drop_incomplete(&run);
     if (run.n_vars == 0) {
         sg_diag_add(diag, "%s: declares no variants (call layout { ... })", path);
         goto done;

@@ -147,6 +147,12 @@ static bool has_message(const char *want)
     cr_expect(diag.count == (size_t)(n), "expected %d message(s), got %zu:\n%s", (int)(n), \
               diag.count, messages())
 
+/* Every field of a layout, as spec.c names them. */
+static const char *const field_names_for_test[13] = {
+    "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
+    "combine_dtype", "layout", "weights", "capacity", "align", "sms",
+};
+
 /* A valid random shape: the required fields. */
 typedef struct shape {
     char name[80];
@@ -1151,6 +1157,43 @@ Test(spec, index_that_declares_variants_keeps_the_outer_one)
               "outer variant: %s hidden %d topk %d experts %d world %d max_tokens %d line %d",
               v->name, v->hidden, v->topk, v->experts, v->world, v->max_tokens, v->line);
     cr_expect(strcmp(spec.variants[before + 1].name, "b1") == 0, "inner variants follow the outer one");
+}
+
+/* A layout call that raised an error (here in a field's __index, caught by
+ * pcall) declares nothing; variants declared by calls nested in it that
+ * returned stay, and the error reaches the spec as it was raised. */
+Test(spec, layout_call_that_raised_an_error_declares_nothing)
+{
+    shape bad = random_shape(), good = random_shape(), inner = random_shape();
+    unsigned failing = rnd(1, 5);
+    /* One the table does not hold, so that it is read through __index. */
+    const char *field = field_names_for_test[rnd(6, 12)];
+    const char *path = write_file("spec.lua",
+        "%s"
+        "for i = 1, %u do\n"
+        "  local ok, err = pcall(layout, setmetatable({ %s }, { __index = function(_, k)\n"
+        "    if k == \"%s\" then error({ code = i }) end\n"
+        "  end }))\n"
+        "  assert(not ok and type(err) == \"table\" and err.code == i, \"the error changed on its way\")\n"
+        "end\n"
+        "local ok = pcall(layout, setmetatable({ %s }, { __index = function(_, k)\n"
+        "  if k == \"hidden\" then layout { %s } error(\"late\") end\n"
+        "end }))\n"
+        "assert(not ok)\n"
+        "layout { %s }\n",
+        padding(), failing, fields(&bad), field, fields_except(&bad, "hidden"), fields(&inner), fields(&good));
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_assert(spec.count == 2, "%zu variants, expected 2 (%s declared in __index, then %s): the %u failed calls "
+              "for %s and the one that failed after it must declare nothing", spec.count, inner.name, good.name,
+              failing + 1, bad.name);
+    cr_expect(strcmp(spec.variants[0].name, inner.name) == 0 && spec.variants[0].line == pad_lines + 8 &&
+              spec.variants[0].hidden == inner.hidden,
+              "variant 0: %s line %d hidden %d, expected %s line %d hidden %d", spec.variants[0].name,
+              spec.variants[0].line, spec.variants[0].hidden, inner.name, pad_lines + 8, inner.hidden);
+    cr_expect(strcmp(spec.variants[1].name, good.name) == 0 && spec.variants[1].line == pad_lines + 11 &&
+              spec.variants[1].max_tokens == good.max_tokens,
+              "variant 1: %s line %d, expected %s line %d", spec.variants[1].name, spec.variants[1].line,
+              good.name, pad_lines + 11);
 }
 
 /* ---------------------------------------------------------------------- */
