@@ -78,7 +78,7 @@ TEST_INC  := -Itests/support -Igenerator -Iruntime/include -Iruntime $(LUA_INC) 
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps run test test-gpu bench install clean check-cuda gpu-build
+.PHONY: all deps test-deps run test test-gpu bench install clean check-cuda gpu-build
 .DEFAULT_GOAL := all
 # Keep the objects of test binaries (intermediate files of pattern rules) so
 # that a second `make test` rebuilds nothing.
@@ -88,6 +88,9 @@ all: $(SYMMGEN) $(SYMMRUN) $(LIBSYMM_A) $(LIBSYMM_SO)
 
 deps:
 	@scripts/deps.sh
+
+test-deps:
+	@scripts/deps.sh clang
 
 check-cuda:
 	@test -f $(CUDA_HOME)/include/nvrtc.h || { echo "error: CUDA toolkit not found in $(CUDA_HOME) (set CUDA_HOME=...)" >&2; exit 1; }
@@ -162,7 +165,7 @@ run: deps
 	$(SYMMGEN) --compile $(SPEC)
 	@scripts/selfcheck.sh $(BUILD)
 
-test: deps
+test: test-deps
 	@$(MAKE) --no-print-directory all $(CPU_TESTS)
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/run-tests.sh $(CPU_TESTS)
 

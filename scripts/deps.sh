@@ -5,6 +5,9 @@
 #   liblua5.4-dev     Lua 5.4 (static library) embedded in symmgen for specs
 #   libcriterion-dev  the test framework
 #   pkg-config        to find Criterion's flags
+#   clang             `make test` only (passed as an argument): test_spec reads
+#                     what the generated stub's headers declare from clang's
+#                     AST (-ast-dump=json), to check every such name is refused
 #   gnuplot-nox       plots of `make bench` (only needed there)
 set -euo pipefail
 need=()
