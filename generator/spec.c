@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -33,6 +34,11 @@
 #define SHOW_STRING 48       /* bytes of a string shown in a message */
 #define VALUE_BUF 256        /* a formatted value, quotes and escapes included */
 #define MESSAGE_MAX 1024     /* bytes of a spec's own error message shown */
+/* Nanoseconds of a string or utf8 library call, run in C where the count hook
+ * cannot see it, charged as one instruction (the Lua VM runs about one
+ * instruction in 3 ns here: the budget stands for well under a second of
+ * either). */
+#define SPEC_NS_PER_INSTRUCTION 3.0
 /* Attempts of one pattern match allowed, seconds at worst. */
 #define PATTERN_MAX_COST 1.0e9
 /* Per-rank receive and combine buffers of the worst case. */
@@ -1094,6 +1100,53 @@ static void copy_library(lua_State *L, const char *name, lua_CFunction open, con
     lua_remove(L, -2);
 }
 
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* Any string or utf8 library function (upvalue 1), its time charged to the
+ * instruction budget: one call is bounded (guarded_pattern, guarded_rep,
+ * the memory limit), but a loop of few instructions could repeat a long one
+ * for hours (a backtracking find on a long string, a scan of 64 MiB). With
+ * upvalue 2 true (gmatch, utf8.codes), the iterator it returns is timed too. */
+static int timed_call(lua_State *L)
+{
+    const double t0 = now_ns();
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    const double spent = now_ns() - t0;
+    if (lua_toboolean(L, lua_upvalueindex(2)) && lua_type(L, 1) == LUA_TFUNCTION) {
+        lua_pushvalue(L, 1);
+        lua_pushboolean(L, 0);
+        lua_pushcclosure(L, timed_call, 2);
+        lua_replace(L, 1);
+    }
+    charge(L, spent / SPEC_NS_PER_INSTRUCTION);
+    return lua_gettop(L);
+}
+
+/* Wraps every function of the library table on top in timed_call. */
+static void time_library(lua_State *L)
+{
+    lua_pushnil(L);
+    while (lua_next(L, -2) != 0) {
+        if (lua_type(L, -1) == LUA_TFUNCTION && lua_type(L, -2) == LUA_TSTRING) {
+            const char *name = lua_tostring(L, -2);
+            lua_pushboolean(L, strcmp(name, "gmatch") == 0 || strcmp(name, "codes") == 0);
+            lua_pushcclosure(L, timed_call, 2);
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_rawset(L, -4);
+        } else {
+            lua_pop(L, 1);
+        }
+    }
+}
+
 static void sandbox_string(lua_State *L)
 {
     static const char *const matchers[] = { "find", "match", "gmatch", "gsub" };
@@ -1107,6 +1160,7 @@ static void sandbox_string(lua_State *L)
     lua_getfield(L, -1, "rep");
     lua_pushcclosure(L, guarded_rep, 1);
     lua_setfield(L, -2, "rep");
+    time_library(L);
     /* ("").dump must not reach the real string table either. */
     lua_pushliteral(L, "");
     lua_getmetatable(L, -1);
@@ -1151,6 +1205,7 @@ static void build_env(lua_State *L, spec_run *run)
     lua_call(L, 1, 0);
     lua_setfield(L, env, "math");
     copy_library(L, LUA_UTF8LIBNAME, luaopen_utf8, NULL);
+    time_library(L);
     lua_setfield(L, env, "utf8");
     lua_pushcfunction(L, spec_layout);
     lua_setfield(L, env, "layout");
@@ -1217,8 +1272,8 @@ static int run_spec(spec_run *run, sg_diag *diag)
     run->finished = true;
     lua_close(L);
     if (run->too_long)
-        sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions)", run->path,
-                    SPEC_MAX_INSTRUCTIONS);
+        sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions, the string functions' time "
+                    "counted in)", run->path, SPEC_MAX_INSTRUCTIONS);
     else if (oom)
         sg_diag_add(diag, "%s: out of memory (a spec may use at most %d MiB)", run->path,
                     SPEC_MAX_MEMORY_MIB);

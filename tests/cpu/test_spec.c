@@ -24,7 +24,7 @@
 
 #define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
 #define ROWS_WHY "(rows of whole 16-byte vectors)"
-#define TOO_LONG "spec ran too long (more than 200000000 instructions)"
+#define TOO_LONG "spec ran too long (more than 200000000 instructions, the string functions' time counted in)"
 #define OUT_OF_MEMORY "out of memory (a spec may use at most 256 MiB)"
 
 static char dir[512];
@@ -1075,6 +1075,30 @@ Test(spec, costly_pattern_is_refused_and_cheap_one_works)
         "assert(head == \"v\" and name:gsub(\"_\", \"\") ~= name)\n"
         "layout { %s }\n", s.name, fields(&s));
     cr_assert(load(path) == 0, "a cheap pattern must work:\n%s", messages());
+}
+
+/* A short loop repeating a long string call (a backtracking match, a scan of
+ * 64 MiB, a gmatch iteration): each call's time is charged to the budget. */
+Test(spec, loops_of_long_string_calls_stop_with_too_long)
+{
+    static const char *const bombs[] = {
+        "local s = (\"a\"):rep(%u) for i = 1, 100000 do s:find(\".-b\") end\n",
+        "local s = (\"x\"):rep(1 << 26) for i = 1, 10000000 do s:find(\"y\", 1, true) end -- %u\n",
+        "local s = (\"a\"):rep(%u) for i = 1, 100000 do for w in s:gmatch(\".-b\") do end end\n",
+        "local s = (\"\\u{e9}\"):rep(1 << 24) for i = 1, 10000000 do utf8.len(s) end -- %u\n",
+        "local s = (\"x\"):rep(1 << 25) for i = 1, 10000000 do local u = s:upper() end -- %u\n",
+    };
+    for (size_t i = 0; i < sizeof bombs / sizeof bombs[0]; i++) {
+        shape s = random_shape();
+        char code[512];
+        snprintf(code, sizeof code, bombs[i], rnd(2000, 5000));
+        const char *path = write_file("spec.lua", "%s%slayout { %s }\n", padding(), code, fields(&s));
+        time_t start = time(NULL);
+        cr_assert(load(path) == -1, "%s must stop", code);
+        expect_message("%s: " TOO_LONG, path);
+        expect_count(1);
+        cr_expect(time(NULL) - start < 10, "%s took %lld s", code, (long long)(time(NULL) - start));
+    }
 }
 
 /* Loops that run in C see no count hook: each is charged to the budget. */
