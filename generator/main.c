@@ -222,17 +222,28 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static void list(const options *o, const sg_spec *specs, sg_generated *const *gens)
+/* --list: the text needs no generated files; --json needs each variant's
+ * (its hashes), generated one at a time and freed, so that a spec of many
+ * variants lists in the memory of one. */
+static int list(const options *o, const sg_spec *specs)
 {
     sg_buf out = {0};
+    sg_diag diag = {0};
+    int status = SG_EXIT_OK;
     if (o->json) {
         sg_buf_puts(&out, "[");
         bool first = true;
-        for (size_t s = 0; s < o->n_specs; s++)
-            for (size_t i = 0; i < specs[s].count; i++) {
-                sg_buf_puts(&out, first ? "\n  " : ",\n  ");
-                sg_manifest_variant(&specs[s].variants[i], &gens[s][i], 2, &out);
-                first = false;
+        for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK; s++)
+            for (size_t i = 0; i < specs[s].count && status == SG_EXIT_OK; i++) {
+                sg_generated gen = {0};
+                status = sg_generate_variant(sg_embedded_templates, &specs[s].variants[i], o->specs[s], &gen,
+                                             &diag);
+                if (status == SG_EXIT_OK) {
+                    sg_buf_puts(&out, first ? "\n  " : ",\n  ");
+                    sg_manifest_variant(&specs[s].variants[i], &gen, 2, &out);
+                    first = false;
+                }
+                sg_generated_free(&gen);
             }
         sg_buf_puts(&out, first ? "]\n" : "\n]\n");
     } else {
@@ -242,12 +253,33 @@ static void list(const options *o, const sg_spec *specs, sg_generated *const *ge
             sg_list_text(&specs[s], &out);
         }
     }
-    if (out.len)
+    print_diag(&diag, true);
+    sg_diag_free(&diag);
+    if (status == SG_EXIT_OK && out.len)
         fwrite(out.data, 1, out.len, stdout);
     sg_buf_free(&out);
+    return status;
 }
 
-/* Generate every variant of every spec in memory. */
+/* --check without --compile: every variant generated (its templates
+ * expanded and checked), one at a time. */
+static int check_generation(const options *o, const sg_spec *specs)
+{
+    sg_diag diag = {0};
+    int status = SG_EXIT_OK;
+    for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK; s++)
+        for (size_t i = 0; i < specs[s].count && status == SG_EXIT_OK; i++) {
+            sg_generated gen = {0};
+            status = sg_generate_variant(sg_embedded_templates, &specs[s].variants[i], o->specs[s], &gen, &diag);
+            sg_generated_free(&gen);
+        }
+    print_diag(&diag, true);
+    sg_diag_free(&diag);
+    for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK && !o->quiet; s++)
+        fprintf(stderr, "%s: %zu variant%s OK\n", o->specs[s], specs[s].count, specs[s].count == 1 ? "" : "s");
+    return status;
+}
+
 static int generate(const options *o, const sg_spec *specs, sg_generated **gens)
 {
     sg_diag diag = {0};
@@ -334,13 +366,13 @@ static int run(const options *o, sg_spec *specs, sg_generated **gens, char **tar
     if (status != SG_EXIT_OK)
         return status;
     double start = now_ms();
+    if (o->list)
+        return list(o, specs);
+    if (o->check && !o->compile)
+        return check_generation(o, specs);
     status = generate(o, specs, gens);
     if (status != SG_EXIT_OK)
         return status;
-    if (o->list) {
-        list(o, specs, gens);
-        return SG_EXIT_OK;
-    }
     sg_compile_opts copts = {
         .arch = o->arch ? o->arch : SG_DEFAULT_ARCH,
         .verbosity = o->quiet ? 0 : isatty(STDERR_FILENO) ? 2 : 1,

@@ -431,6 +431,25 @@ Test(cli, check_validates_and_writes_nothing)
     result_free(&r);
 }
 
+/* --list prints what the spec declares without expanding any template: a
+ * spec of the most variants lists at once, in little memory (expanding all
+ * of them first took 35 s and 4 GB). */
+Test(cli, list_of_the_most_variants_expands_no_template)
+{
+    wf_watchdog(20);
+    const int n = 16384;
+    write_at("many.lua", "for i = 1, 16384 do\n"
+                         "  layout { name = \"v\" .. i, hidden = 128, topk = 2, experts = 4, world = 2, max_tokens = 16 }\n"
+                         "end\n");
+    result r = RUN("--list", "many.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    int lines = 0;
+    for (const char *p = r.out; (p = strchr(p, '\n')); p++)
+        lines++;
+    cr_assert_eq(lines, n, "%d rows, expected %d", lines, n);
+    result_free(&r);
+}
+
 Test(cli, list_prints_aligned_rows_and_json_and_writes_nothing)
 {
     int n = rnd_in(2, 6);
