@@ -1372,9 +1372,20 @@ static void field_error(check *c, enum field f, const char *fmt, ...)
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
     const char *origin = c->ovr[f] ? c->ovr[f]->origin : NULL;
-    sg_diag_add(c->diag, "%s:%d: variant %s: field %s: %s%s%s%s", c->run->sources[c->rv->source],
+    /* The other fields' -D overrides: a bound or a rule that reads them
+     * (capacity against max_tokens, align against layout) must not seem
+     * to contradict what the spec's line says. */
+    char others[512] = "";
+    size_t used = 0;
+    for (int g = 0; g < F_COUNT; g++)
+        if (g != (int)f && c->ovr[g] && c->ovr[g]->origin && used < sizeof others) {
+            int k = snprintf(others + used, sizeof others - used, "%s%s", used ? ", " : "", c->ovr[g]->origin);
+            used += k > 0 ? (size_t)k : 0;
+        }
+    sg_diag_add(c->diag, "%s:%d: variant %s: field %s: %s%s%s%s%s%s%s", c->run->sources[c->rv->source],
                 c->rv->line, c->label, field_names[f], detail, origin ? " (from " : "",
-                origin ? origin : "", origin ? ")" : "");
+                origin ? origin : "", origin ? ")" : "", others[0] ? " (with " : "", others,
+                others[0] ? " in effect)" : "");
     c->errors++;
 }
 

@@ -47,11 +47,15 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:59: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:63: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --
---     symmgen -D max_tokens=256 specs/tutorial.lua
+--     symmgen -D max_tokens=1024 specs/tutorial.lua
+--
+-- and the checks then apply to the new values: with -D max_tokens=256 the
+-- variant "capped" below (capacity 8192) is refused, its worst case being
+-- 2048 rows, and the message says which -D was in effect.
 
 -- 1. The simplest variant: the five required shape fields and a name.
 -- Everything else takes its default: bf16 in and out, layout "rank",

@@ -1261,10 +1261,31 @@ Test(spec, bad_overrides_are_named)
     expect_message("-D frob=1: unknown field, expected one of name, hidden, topk, experts, world, max_tokens, "
                    "dtype, combine_dtype, layout, weights, capacity, align, sms");
     expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 8 for bf16 " ROWS_WHY
-                   " (from -D hidden=%d)", path, pad_lines + 1, a.name, bad_hidden, bad_hidden);
-    expect_message("%s:%d: variant %s: field topk: got \"abc\", expected an integer 1..16 (from -D topk=abc)",
-                   path, pad_lines + 1, a.name);
+                   " (from -D hidden=%d) (with -D topk=abc in effect)", path, pad_lines + 1, a.name, bad_hidden,
+                   bad_hidden);
+    expect_message("%s:%d: variant %s: field topk: got \"abc\", expected an integer 1..16 (from -D topk=abc) "
+                   "(with -D hidden=%d in effect)", path, pad_lines + 1, a.name, bad_hidden);
     expect_count(5);
+}
+
+/* A field the spec wrote, refused because of another field's -D, says which
+ * -D was in effect (the spec's line shows other values). */
+Test(spec, error_from_another_fields_override_names_it)
+{
+    const int world = 2 + (int)rnd(0, 2), tokens = 64 << rnd(0, 3);
+    const int capacity = world * tokens; /* the worst case as written */
+    const char *path = write_file("spec.lua",
+                                  "%slayout { name = \"c\", hidden = 1024, topk = 2, experts = %d, world = %d,\n"
+                                  "         max_tokens = %d, capacity = %d }\n",
+                                  padding(), 4 * world, world, tokens, capacity);
+    cr_assert(load(path) == 0, "as written it loads:\n%s", messages());
+    char smaller[16];
+    snprintf(smaller, sizeof smaller, "%d", tokens / 2);
+    sg_override ov[] = { { "max_tokens", smaller } };
+    cr_assert(load_with(path, ov, 1) == -1);
+    expect_message("%s:%d: variant c: field capacity: got %d, expected 1..%d (the worst case, world * max_tokens) "
+                   "(with -D max_tokens=%s in effect)", path, pad_lines + 1, capacity, world * (tokens / 2), smaller);
+    expect_count(1);
 }
 
 /* ---------------------------------------------------------------------- */
