@@ -837,6 +837,17 @@ static bool is_module_name(const char *s, size_t len)
     return true;
 }
 
+/* A spec file's text as a chunk; a UTF-8 byte order mark at its start is
+ * skipped, as Lua's own file loader does. */
+static int load_text(lua_State *L, const char *text, size_t len, const char *chunk)
+{
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
+        text += 3;
+        len -= 3;
+    }
+    return luaL_loadbufferx(L, text, len, chunk, "t");
+}
+
 /* Compiles <dir>/<name>.lua and runs it in the sandbox; leaves its result on
  * top. Upvalues of require: 1 the sandbox _ENV, 2 the loaded modules. */
 static int run_module(lua_State *L, spec_run *run, const char *name)
@@ -861,7 +872,7 @@ static int run_module(lua_State *L, spec_run *run, const char *name)
     }
     char chunk[32];
     chunk_name(chunk, sizeof chunk, source);
-    int st = luaL_loadbufferx(L, text, len, chunk, "t");
+    int st = load_text(L, text, len, chunk);
     free(text);
     if (st != LUA_OK) {
         const char *msg = lua_tostring(L, -1);
@@ -1241,7 +1252,7 @@ static int run_protected(lua_State *L)
         }
     char chunk[32];
     chunk_name(chunk, sizeof chunk, 0);
-    if (luaL_loadbufferx(L, text, len, chunk, "t") != LUA_OK)
+    if (load_text(L, text, len, chunk) != LUA_OK)
         return lua_error(L);
     lua_pushvalue(L, -2);
     lua_setupvalue(L, -2, 1);
@@ -1289,14 +1300,30 @@ static int run_spec(spec_run *run, sg_diag *diag)
 static void parse_override_value(const char *text, raw_value *out)
 {
     memset(out, 0, sizeof *out);
+    /* Numbers as a spec writes them: decimal or 0x hexadecimal integers,
+     * decimal floats (7168.0, 1e3); the checks then take an integral float
+     * as the integer it is. */
     const char *digits = text + (text[0] == '-' || text[0] == '+');
-    if (*digits >= '0' && *digits <= '9' && strspn(digits, "0123456789") == strlen(digits)) {
+    const bool hex = digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X') && digits[2] &&
+                     strspn(digits + 2, "0123456789abcdefABCDEF") == strlen(digits + 2);
+    if (hex || (*digits >= '0' && *digits <= '9' && strspn(digits, "0123456789") == strlen(digits))) {
         char *end;
         errno = 0;
-        long long v = strtoll(text, &end, 10);
+        long long v = strtoll(text, &end, hex ? 16 : 10);
         if (errno == 0 && *end == '\0') {
             out->kind = RAW_INT;
             out->i = v;
+            return;
+        }
+    }
+    if (!hex && strspn(digits, "0123456789") + (digits[strspn(digits, "0123456789")] == '.') > 0 &&
+        strspn(digits, "0123456789.eE+-") == strlen(digits)) {
+        char *end;
+        errno = 0;
+        double v = strtod(text, &end);
+        if (errno == 0 && *end == '\0' && isfinite(v)) {
+            out->kind = RAW_FLOAT;
+            out->f = v;
             return;
         }
     }

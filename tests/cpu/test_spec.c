@@ -1268,6 +1268,40 @@ Test(spec, bad_overrides_are_named)
     expect_count(5);
 }
 
+/* -D takes numbers as a spec writes them: 7168.0 and 0x8 are integers. */
+Test(spec, overrides_read_numbers_as_a_spec_writes_them)
+{
+    shape a = random_shape();
+    const char *path = write_file("spec.lua", "layout { %s }\n", fields(&a));
+    char hidden[32], topk[32];
+    snprintf(hidden, sizeof hidden, "%d.0", a.hidden);
+    snprintf(topk, sizeof topk, "0x%x", a.topk);
+    sg_override ov[] = { { "hidden", hidden }, { "topk", topk } };
+    cr_assert(load_with(path, ov, 2) == 0, "-D hidden=%s -D topk=%s:\n%s", hidden, topk, messages());
+    cr_assert(spec.variants[0].hidden == a.hidden && spec.variants[0].topk == a.topk, "hidden %d topk %d",
+              spec.variants[0].hidden, spec.variants[0].topk);
+    snprintf(hidden, sizeof hidden, "%d.5", a.hidden);
+    sg_override half[] = { { "hidden", hidden } };
+    cr_assert(load_with(path, half, 1) == -1);
+    expect_message("%s:1: variant %s: field hidden: got %s, expected an integer > 0 (from -D hidden=%s)", path,
+                   a.name, hidden, hidden);
+}
+
+/* A UTF-8 byte order mark at the start of a spec is skipped, as Lua's own
+ * loader does; line numbers stay those of the file. */
+Test(spec, byte_order_mark_is_skipped)
+{
+    shape a = random_shape(), b = random_shape();
+    snprintf(b.name, sizeof b.name, "%.60s_b", a.name);
+    char first[512];
+    snprintf(first, sizeof first, "%s", fields(&a));
+    const char *path = write_file("spec.lua", "\xEF\xBB\xBFlayout { %s }\nlayout { %s, topk = \"x\" }\n", first,
+                                  fields_except(&b, "topk"));
+    cr_assert(load(path) == -1);
+    expect_message("%s:2: variant %s: field topk: got \"x\", expected an integer 1..16", path, b.name);
+    expect_count(1);
+}
+
 /* A field the spec wrote, refused because of another field's -D, says which
  * -D was in effect (the spec's line shows other values). */
 Test(spec, error_from_another_fields_override_names_it)
