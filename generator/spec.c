@@ -39,6 +39,9 @@
  * instruction in 3 ns here: the budget stands for well under a second of
  * either). */
 #define SPEC_NS_PER_INSTRUCTION 3.0
+/* Bytes a spec allocates charged as one instruction: one VM instruction can
+ * copy a long string (s .. "x"), which a loop repeats at no count. */
+#define SPEC_ALLOC_BYTES_PER_INSTRUCTION 16
 /* Attempts of one pattern match allowed, seconds at worst. */
 #define PATTERN_MAX_COST 1.0e9
 /* Per-rank receive and combine buffers of the worst case. */
@@ -192,6 +195,7 @@ typedef struct raw_variant {
 
 /* Everything one sg_spec_load owns; the Lua state's allocator data. */
 typedef struct spec_run {
+    lua_State *L;            /* once created: the allocator charges the budget through it */
     const char *path;        /* the spec, as given */
     char *dir;               /* prefix of sibling modules: "specs/" or "" */
     char **sources;          /* chunk index -> file path; 0 is the spec */
@@ -631,10 +635,22 @@ static spec_run *run_of(lua_State *L)
     return ud;
 }
 
+static void spec_hook(lua_State *L, lua_Debug *ar);
+
 static void *spec_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     spec_run *run = ud;
     size_t old = ptr ? osize : 0; /* without ptr, osize is a type tag */
+    /* New bytes count against the instruction budget; past it, the hook
+     * raises at the next instruction (lua_sethook may be called from
+     * anywhere; the allocation itself goes on). */
+    if (nsize > old && run->L && !run->too_long) {
+        run->instructions += (long long)((nsize - old) / SPEC_ALLOC_BYTES_PER_INSTRUCTION);
+        if (run->instructions > SPEC_MAX_INSTRUCTIONS) {
+            run->too_long = true;
+            lua_sethook(run->L, spec_hook, LUA_MASKCOUNT, 1);
+        }
+    }
     if (nsize == 0) {
         free(ptr);
         run->mem_used -= old;
@@ -1268,6 +1284,7 @@ static int run_spec(spec_run *run, sg_diag *diag)
         sg_diag_add(diag, "%s: out of memory", run->path);
         return -1;
     }
+    run->L = L;
     lua_sethook(L, spec_hook, LUA_MASKCOUNT, SPEC_HOOK_EVERY);
     lua_pushcfunction(L, spec_msgh);
     lua_pushcfunction(L, run_protected);
@@ -1281,10 +1298,11 @@ static int run_spec(spec_run *run, sg_diag *diag)
         oom = oom || !msg;
     }
     run->finished = true;
+    run->L = NULL;
     lua_close(L);
     if (run->too_long)
-        sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions, the string functions' time "
-                    "counted in)", run->path, SPEC_MAX_INSTRUCTIONS);
+        sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions, with the time of string "
+                    "functions and the bytes allocated counted in)", run->path, SPEC_MAX_INSTRUCTIONS);
     else if (oom)
         sg_diag_add(diag, "%s: out of memory (a spec may use at most %d MiB)", run->path,
                     SPEC_MAX_MEMORY_MIB);
