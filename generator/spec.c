@@ -42,6 +42,10 @@
 /* Bytes a spec allocates charged as one instruction: one VM instruction can
  * copy a long string (s .. "x"), which a loop repeats at no count. */
 #define SPEC_ALLOC_BYTES_PER_INSTRUCTION 16
+/* CPU seconds a spec may run at all, whatever the counts say: a backstop
+ * for work in C that nothing charges (comparing two long strings with ==,
+ * one memcmp an instruction). Checked by the count hook. */
+#define SPEC_MAX_CPU_SECONDS 10.0
 /* Attempts of one pattern match allowed, seconds at worst. */
 #define PATTERN_MAX_COST 1.0e9
 /* Per-rank receive and combine buffers of the worst case. */
@@ -196,6 +200,7 @@ typedef struct raw_variant {
 /* Everything one sg_spec_load owns; the Lua state's allocator data. */
 typedef struct spec_run {
     lua_State *L;            /* once created: the allocator charges the budget through it */
+    double cpu_start;        /* this thread's CPU time when the spec started, seconds */
     const char *path;        /* the spec, as given */
     char *dir;               /* prefix of sibling modules: "specs/" or "" */
     char **sources;          /* chunk index -> file path; 0 is the spec */
@@ -637,6 +642,13 @@ static spec_run *run_of(lua_State *L)
 
 static void spec_hook(lua_State *L, lua_Debug *ar);
 
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void *spec_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     spec_run *run = ud;
@@ -677,7 +689,7 @@ static void spec_hook(lua_State *L, lua_Debug *ar)
     spec_run *run = run_of(L);
     if (!run->too_long) {
         run->instructions += SPEC_HOOK_EVERY;
-        if (run->instructions <= SPEC_MAX_INSTRUCTIONS)
+        if (run->instructions <= SPEC_MAX_INSTRUCTIONS && cpu_seconds() - run->cpu_start <= SPEC_MAX_CPU_SECONDS)
             return;
         run->too_long = true;
         lua_sethook(L, spec_hook, LUA_MASKCOUNT, 1);
@@ -1285,6 +1297,7 @@ static int run_spec(spec_run *run, sg_diag *diag)
         return -1;
     }
     run->L = L;
+    run->cpu_start = cpu_seconds();
     lua_sethook(L, spec_hook, LUA_MASKCOUNT, SPEC_HOOK_EVERY);
     lua_pushcfunction(L, spec_msgh);
     lua_pushcfunction(L, run_protected);
@@ -1302,7 +1315,8 @@ static int run_spec(spec_run *run, sg_diag *diag)
     lua_close(L);
     if (run->too_long)
         sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions, with the time of string "
-                    "functions and the bytes allocated counted in)", run->path, SPEC_MAX_INSTRUCTIONS);
+                    "functions and the bytes allocated counted in, or %g s of CPU)", run->path,
+                    SPEC_MAX_INSTRUCTIONS, SPEC_MAX_CPU_SECONDS);
     else if (oom)
         sg_diag_add(diag, "%s: out of memory (a spec may use at most %d MiB)", run->path,
                     SPEC_MAX_MEMORY_MIB);

@@ -26,7 +26,7 @@
 #define ROWS_WHY "(rows of whole 16-byte vectors)"
 #define TOO_LONG                                                                                              \
     "spec ran too long (more than 200000000 instructions, with the time of string functions and the bytes "   \
-    "allocated counted in)"
+    "allocated counted in, or 10 s of CPU)"
 #define OUT_OF_MEMORY "out of memory (a spec may use at most 256 MiB)"
 
 static char dir[512];
@@ -1077,6 +1077,21 @@ Test(spec, costly_pattern_is_refused_and_cheap_one_works)
         "assert(head == \"v\" and name:gsub(\"_\", \"\") ~= name)\n"
         "layout { %s }\n", s.name, fields(&s));
     cr_assert(load(path) == 0, "a cheap pattern must work:\n%s", messages());
+}
+
+/* Work in C that nothing charges (two long strings compared with ==, a
+ * memcmp of 64 MiB in one instruction) stops at the CPU-time backstop. */
+Test(spec, uncharged_c_work_stops_at_the_cpu_backstop)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua",
+                                  "local a = (\"x\"):rep(1 << 26)\nlocal b = a:sub(1, -2) .. \"y\"\n"
+                                  "for i = 1, 1e9 do local same = a == b end\nlayout { %s }\n", fields(&s));
+    time_t start = time(NULL);
+    cr_assert(load(path) == -1);
+    expect_message("%s: " TOO_LONG, path);
+    expect_count(1);
+    cr_expect(time(NULL) - start < 40, "stopped after %lld s", (long long)(time(NULL) - start));
 }
 
 /* A short loop repeating a long string call (a backtracking match, a scan of
