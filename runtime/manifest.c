@@ -661,7 +661,6 @@ static symm_status unknown_name(const symm_manifest *m, const char *name)
     return symm_fail(SYMM_ERR_INVALID_ARG, "%s: no variant \"%.80s\": expected one of %s", m->path, name, list);
 }
 
-/* Read the variant's .cu and check it is the source the manifest describes. */
 /* One constant of the generated source: the line "<decl><value><suffix>"
  * must be there. */
 static symm_status check_constant(const symm_variant_desc *d, const char *decl, const char *field,
@@ -733,6 +732,7 @@ symm_status symm_desc_check_source(const symm_variant_desc *d)
     return SYMM_OK;
 }
 
+/* Read the variant's .cu and check it is the source the manifest describes. */
 static symm_status load_source(const symm_manifest *m, entry *e)
 {
     size_t n = strlen(m->dir) + strlen(e->cu_file) + 2;

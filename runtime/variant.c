@@ -455,7 +455,7 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
         SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
         /* After a failed dispatch there is no dispatch to combine, but the
          * failure is what the caller needs to hear (sticky). */
-        SYMM_TRY(symm_variant_nccl_failure(v));
+        SYMM_TRY(symm_variant_nccl_failure(v, "combine"));
     }
     if (!v->awaiting_combine)
         return symm_fail(SYMM_ERR_STATE,
@@ -567,7 +567,7 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
         /* Sticky: an earlier host wait of the NCCL backend timed out or NCCL
          * failed (the stream may still hold work that waits for a peer, so
          * nothing here waits for it). */
-        symm_status failed = symm_variant_nccl_failure(v);
+        symm_status failed = symm_variant_nccl_failure(v, "stats_read");
         if (failed != SYMM_OK) {
             if (stats) {
                 memset(stats, 0, sizeof *stats);

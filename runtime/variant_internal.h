@@ -75,21 +75,24 @@ struct symm_variant {
     void *on_destroy_arg;
 };
 
-/* NCCL backend (variant_nccl.c). */
-/* d's parameters and regions are those its CUDA source was generated with
- * (the source's constants: HIDDEN, ..., RECV_X_OFF, RECV_X_BYTES, ...);
- * else SYMM_ERR_MISMATCH naming the first field that differs. The kernels
- * use the source's values and the host the descriptor's, so the two must
- * agree before any buffer is sized (runtime/manifest.c). */
+/* Descriptors (manifest.c). d's parameters and regions are those its CUDA
+ * source was generated with (the source's constants: HIDDEN, ...,
+ * RECV_X_OFF, RECV_X_BYTES, ...); else SYMM_ERR_MISMATCH naming the first
+ * field that differs. The kernels use the source's values and the host the
+ * descriptor's, so the two must agree before any buffer is sized. */
 symm_status symm_desc_check_source(const symm_variant_desc *d);
 
 /* The manifest's name of region id (SYMM_REGION_*), "?" out of range. */
 const char *symm_region_name(int id);
 
+/* NCCL backend (variant_nccl.c). symm_variant_dispatch and _combine refuse
+ * stream capture (symm_variant_nccl_refuse_capture) before they call
+ * symm_variant_nccl_dispatch and _combine; combine also checks
+ * symm_variant_nccl_failure first. */
 symm_status symm_variant_nccl_setup(symm_variant *v);
 /* SYMM_OK, or the NCCL backend's sticky failure (an earlier wait timed out
- * or NCCL failed) with its message. */
-symm_status symm_variant_nccl_failure(const symm_variant *v);
+ * or NCCL failed): "NAME OP (NCCL backend): an earlier call failed: ...". */
+symm_status symm_variant_nccl_failure(const symm_variant *v, const char *op);
 /* SYMM_ERR_STATE when stream is capturing (the NCCL backend waits on the host). */
 symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream stream, const char *op);
 void symm_variant_nccl_release(symm_variant *v);

@@ -207,12 +207,12 @@ static symm_status fail_sticky(symm_variant *v, symm_status st)
     return symm_fail(st, "%s", n->failure);
 }
 
-symm_status symm_variant_nccl_failure(const symm_variant *v)
+symm_status symm_variant_nccl_failure(const symm_variant *v, const char *op)
 {
     const struct symm_variant_nccl *n = v->nccl;
     if (!n || !n->failed)
         return SYMM_OK;
-    return symm_fail(n->failed, "%s: an earlier call failed: %s", v->desc->name, n->failure);
+    return symm_fail(n->failed, "%s %s (NCCL backend): an earlier call failed: %s", v->desc->name, op, n->failure);
 }
 
 /* Wait until the stream's work (stream non-NULL) or the last call's
@@ -486,10 +486,8 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
 
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream)
 {
-    SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "dispatch"));
-    struct symm_variant_nccl *n = v->nccl;
-    symm_status st = n->failed ? symm_fail(n->failed, "an earlier call failed: %s", n->failure)
-                               : dispatch_steps(v, args, stream);
+    SYMM_TRY(symm_variant_nccl_failure(v, "dispatch"));
+    symm_status st = dispatch_steps(v, args, stream);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s dispatch (NCCL backend): ", v->desc->name);
     return st;
@@ -533,10 +531,7 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
 
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream)
 {
-    SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
-    struct symm_variant_nccl *n = v->nccl;
-    symm_status st = n->failed ? symm_fail(n->failed, "an earlier call failed: %s", n->failure)
-                               : combine_steps(v, y, out, stream);
+    symm_status st = combine_steps(v, y, out, stream);
     if (st != SYMM_OK)
         symm_fail_context(st, "%s combine (NCCL backend): ", v->desc->name);
     return st;
