@@ -261,6 +261,16 @@ static int list(const options *o, const sg_spec *specs)
     return status;
 }
 
+/* The end of --check: its diagnostics, then a line per spec when all is well. */
+static int report_check(const options *o, const sg_spec *specs, sg_diag *diag, int status)
+{
+    print_diag(diag, true);
+    sg_diag_free(diag);
+    for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK && !o->quiet; s++)
+        fprintf(stderr, "%s: %zu variant%s OK\n", o->specs[s], specs[s].count, specs[s].count == 1 ? "" : "s");
+    return status;
+}
+
 /* --check without --compile: every variant generated (its templates
  * expanded and checked), one at a time. */
 static int check_generation(const options *o, const sg_spec *specs)
@@ -273,11 +283,7 @@ static int check_generation(const options *o, const sg_spec *specs)
             status = sg_generate_variant(sg_embedded_templates, &specs[s].variants[i], o->specs[s], &gen, &diag);
             sg_generated_free(&gen);
         }
-    print_diag(&diag, true);
-    sg_diag_free(&diag);
-    for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK && !o->quiet; s++)
-        fprintf(stderr, "%s: %zu variant%s OK\n", o->specs[s], specs[s].count, specs[s].count == 1 ? "" : "s");
-    return status;
+    return report_check(o, specs, &diag, status);
 }
 
 static int generate(const options *o, const sg_spec *specs, sg_generated **gens)
@@ -313,23 +319,20 @@ static int load_specs(const options *o, sg_spec *specs)
 }
 
 /* --check: nothing is written; with --compile every variant is compiled. */
+/* --check --compile: every variant, generated in gens, compiled. */
 static int check(const options *o, const sg_spec *specs, sg_generated **gens,
                  const sg_compile_opts *copts)
 {
     sg_diag diag = {0};
     int status = SG_EXIT_OK;
-    for (size_t s = 0; s < o->n_specs && o->compile && status == SG_EXIT_OK; s++) {
+    for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK; s++) {
         const sg_generated **list = calloc(specs[s].count + 1, sizeof *list);
         for (size_t i = 0; list && i < specs[s].count; i++)
             list[i] = &gens[s][i];
         status = list ? sg_compile_all(list, specs[s].count, copts, &diag) : SG_EXIT_INTERNAL;
         free(list);
     }
-    print_diag(&diag, true);
-    sg_diag_free(&diag);
-    for (size_t s = 0; s < o->n_specs && status == SG_EXIT_OK && !o->quiet; s++)
-        fprintf(stderr, "%s: %zu variant%s OK\n", o->specs[s], specs[s].count, specs[s].count == 1 ? "" : "s");
-    return status;
+    return report_check(o, specs, &diag, status);
 }
 
 static int write_outputs(const options *o, const sg_spec *specs, sg_generated **gens, char **targets,
