@@ -1079,19 +1079,26 @@ Test(spec, costly_pattern_is_refused_and_cheap_one_works)
     cr_assert(load(path) == 0, "a cheap pattern must work:\n%s", messages());
 }
 
+/* A spec of code, then a layout, stops with "spec ran too long" in under
+ * max_s seconds. */
+static void expect_too_long(const char *code, int max_s)
+{
+    shape s = random_shape();
+    const char *path = write_file("spec.lua", "%s%slayout { %s }\n", padding(), code, fields(&s));
+    time_t start = time(NULL);
+    cr_assert(load(path) == -1, "%s must stop", code);
+    expect_message("%s: " TOO_LONG, path);
+    expect_count(1);
+    cr_expect(time(NULL) - start < max_s, "%s took %lld s", code, (long long)(time(NULL) - start));
+}
+
 /* Work in C that nothing charges (two long strings compared with ==, a
  * memcmp of 64 MiB in one instruction) stops at the CPU-time backstop. */
 Test(spec, uncharged_c_work_stops_at_the_cpu_backstop)
 {
-    shape s = random_shape();
-    const char *path = write_file("spec.lua",
-                                  "local a = (\"x\"):rep(1 << 26)\nlocal b = a:sub(1, -2) .. \"y\"\n"
-                                  "for i = 1, 1e9 do local same = a == b end\nlayout { %s }\n", fields(&s));
-    time_t start = time(NULL);
-    cr_assert(load(path) == -1);
-    expect_message("%s: " TOO_LONG, path);
-    expect_count(1);
-    cr_expect(time(NULL) - start < 40, "stopped after %lld s", (long long)(time(NULL) - start));
+    expect_too_long("local a = (\"x\"):rep(1 << 26)\nlocal b = a:sub(1, -2) .. \"y\"\n"
+                    "for i = 1, 1e9 do local same = a == b end\n",
+                    40);
 }
 
 /* A short loop repeating a long string call (a backtracking match, a scan of
@@ -1108,15 +1115,9 @@ Test(spec, loops_of_long_string_calls_stop_with_too_long)
         "local s = (\"x\"):rep(1 << 25) for i = 1, 10000000 do local u = s .. i end -- %u\n",
     };
     for (size_t i = 0; i < sizeof bombs / sizeof bombs[0]; i++) {
-        shape s = random_shape();
         char code[512];
         snprintf(code, sizeof code, bombs[i], rnd(2000, 5000));
-        const char *path = write_file("spec.lua", "%s%slayout { %s }\n", padding(), code, fields(&s));
-        time_t start = time(NULL);
-        cr_assert(load(path) == -1, "%s must stop", code);
-        expect_message("%s: " TOO_LONG, path);
-        expect_count(1);
-        cr_expect(time(NULL) - start < 10, "%s took %lld s", code, (long long)(time(NULL) - start));
+        expect_too_long(code, 10);
     }
 }
 
@@ -1132,15 +1133,9 @@ Test(spec, c_library_loops_stop_with_too_long)
         "  __len = function() return (1 << %u) - 2 end }))\n",
     };
     for (size_t i = 0; i < sizeof bombs / sizeof bombs[0]; i++) {
-        shape s = random_shape();
         char code[512];
         snprintf(code, sizeof code, bombs[i], i == 4 ? rnd(28, 31) : rnd(40, 62));
-        const char *path = write_file("spec.lua", "%s%slayout { %s }\n", padding(), code, fields(&s));
-        time_t start = time(NULL);
-        cr_assert(load(path) == -1, "%s must stop", code);
-        expect_message("%s: " TOO_LONG, path);
-        expect_count(1);
-        cr_expect(time(NULL) - start < 10, "%s took %lld s", code, (long long)(time(NULL) - start));
+        expect_too_long(code, 10);
     }
 }
 
