@@ -156,6 +156,8 @@ static void variant_members(json *j, const sg_variant *v, const sg_generated *g)
     sg_layout l;
     sg_layout_compute(v, &l);
     str(j, "name", v->name);
+    if (v->file)
+        str(j, "file", v->file);
     num(j, "line", v->line);
     num(j, "hidden", v->hidden);
     num(j, "topk", v->topk);

@@ -26,7 +26,9 @@
  * applied and validation passed. */
 typedef struct sg_variant {
     char name[SG_NAME_MAX];
-    int line;               /* line of the layout { } call in the spec */
+    const char *file;       /* file of the layout { } call: the spec or a module it
+                             * requires (owned by the sg_spec; NULL where no spec made it) */
+    int line;               /* line of the layout { } call in that file */
     int hidden;             /* elements per token */
     int topk;               /* experts per token */
     int experts;            /* total experts */
@@ -47,6 +49,8 @@ typedef struct sg_spec {
     char *path;
     sg_variant *variants;
     size_t count;
+    char **files;           /* the spec and the modules it required; variants' file */
+    size_t n_files;
 } sg_spec;
 
 /* Diagnostics: every message a failing step produced, in order. */

@@ -1729,6 +1729,7 @@ static void check_variant(check *c, const name_use *use, sg_variant *v)
 {
     bool ok[F_COUNT] = { false };
     memset(v, 0, sizeof *v);
+    v->file = c->run->sources[c->rv->source];
     v->line = c->rv->line;
     report_extra_keys(c);
     ok[F_NAME] = check_name(c, use, v->name);
@@ -1942,6 +1943,10 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
         out->path = own_path;
         out->variants = variants;
         out->count = run.n_vars;
+        out->files = run.sources; /* the variants' file points into them */
+        out->n_files = run.n_sources;
+        run.sources = NULL;
+        run.n_sources = 0;
         variants = NULL;
         rc = 0;
     }
@@ -1962,6 +1967,9 @@ void sg_spec_free(sg_spec *spec)
         return;
     free(spec->path);
     free(spec->variants);
+    for (size_t i = 0; i < spec->n_files; i++)
+        free(spec->files[i]);
+    free(spec->files);
     memset(spec, 0, sizeof *spec);
 }
 

@@ -679,8 +679,46 @@ Test(cli, several_specs_each_get_their_directory)
     r = RUN("--list", "--json", "first.lua", "second.lua");
     cr_assert_eq(r.status, 0);
     cr_assert(json_valid(r.out), "%s", r.out);
-    cr_assert(strstr(r.out, "\"name\": \"a0\"") && strstr(r.out, "\"name\": \"b0\""));
+    /* Each variant names the file it came from: the one array mixes specs. */
+    cr_assert(strstr(r.out, "\"name\": \"a0\",\n    \"file\": \"first.lua\",\n    \"line\": 2,") &&
+              strstr(r.out, "\"name\": \"b0\",\n    \"file\": \"second.lua\",\n    \"line\": 2,"), "%s", r.out);
     result_free(&r);
+}
+
+/* A variant declared by a module the spec requires: the manifest and --list
+ * --json give that module's path with the line (which counts in it), not
+ * the spec's. */
+Test(cli, a_variant_from_a_module_names_the_module)
+{
+    int pad = rnd_in(0, 9);
+    sg_buf mod = {0}, spec = {0};
+    for (int i = 0; i < pad; i++)
+        sg_buf_puts(&mod, "-- module\n");
+    sg_buf_puts(&mod, "local M = {}\nfunction M.declare()\n");
+    variant_line(&mod, "from_module", rnd_in(1, 300));
+    sg_buf_puts(&mod, "end\nreturn M\n");
+    write_at("shapes.lua", mod.data);
+    sg_buf_puts(&spec, "-- spec\nrequire(\"shapes\").declare()\n");
+    variant_line(&spec, "from_spec", rnd_in(1, 300));
+    write_at("s.lua", spec.data);
+    char want_module[128], want_spec[128];
+    FMT(want_module, "\"name\": \"from_module\",\n    \"file\": \"shapes.lua\",\n    \"line\": %d,", pad + 3);
+    FMT(want_spec, "\"name\": \"from_spec\",\n    \"file\": \"s.lua\",\n    \"line\": 3,");
+    result r = RUN("--list", "--json", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, want_module) && strstr(r.out, want_spec), "--list --json:\n%s", r.out);
+    result_free(&r);
+    r = RUN("s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    char *manifest = read_at("out/s/manifest.json", NULL);
+    cr_assert(manifest && strstr(manifest, "\"spec\": \"s.lua\","), "%.200s", manifest ? manifest : "(none)");
+    /* The manifest's variants sit one level deeper than --list --json's. */
+    FMT(want_module, "\"name\": \"from_module\",\n      \"file\": \"shapes.lua\",\n      \"line\": %d,", pad + 3);
+    cr_assert(strstr(manifest, want_module), "manifest.json:\n%s", manifest);
+    free(manifest);
+    result_free(&r);
+    sg_buf_free(&mod);
+    sg_buf_free(&spec);
 }
 
 Test(cli, manifest_is_json_and_its_hashes_match_the_files)

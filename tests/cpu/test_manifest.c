@@ -523,8 +523,9 @@ Test(manifest, unknown_name_lists_the_names_the_manifest_has)
                    ", ... (23 in all)");
     const char *msg = symm_last_error();
     for (int i = 0; i < N; i++) {
-        char item[160];
-        snprintf(item, sizeof item, "%s%s%s", i ? " " : "of ", vs[i].name, i == N - 1 ? "" : ",");
+        char item[sizeof vs[i].name + 8];
+        snprintf(item, sizeof item, "%s%.*s%s", i ? " " : "of ", (int)sizeof vs[i].name - 1, vs[i].name,
+                 i == N - 1 ? "" : ",");
         cr_assert_eq(strstr(msg, item) != NULL, i < 20, "\"%s\" %s listed: %s", vs[i].name,
                      i < 20 ? "must be" : "must not be", msg);
     }
