@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -522,6 +523,112 @@ Test(world, late_rank_in_a_collective_times_out_naming_it)
     expect_status(r, 2, SYMM_ERR_TIMEOUT, "rank 2 did not arrive");
     wf_free(r, 3);
     wf_rmtree(t.dir);
+}
+
+/* A rank that stops partway: each of the four timeouts of a collective's
+ * exchange with rank 0 names the rank and what it did not do. */
+typedef struct stall_arg {
+    world_test t;
+    int kind; /* 0: rank 0 never answers; 1: rank 0 never reads rank 1's data;
+               * 2: rank 1 stops halfway through its data; 3: rank 1 stops
+               * before it reads rank 0's answer */
+} stall_arg;
+
+/* More than any socket buffer holds, so a send of it needs a reader. */
+#define STALL_BYTES ((size_t)64 << 20)
+
+/* Waits until process pid is asleep (blocked in the world's poll) and stops it. */
+static int stop_when_asleep(pid_t pid, wf_result *res)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (double t0 = wf_now(); wf_now() - t0 < 20;) {
+        char buf[512] = "";
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        const char *close_paren = strrchr(buf, ')'); /* the state follows "(comm) " */
+        if (close_paren && close_paren[1] == ' ' && close_paren[2] == 'S')
+            return kill(pid, SIGSTOP) == 0 ? 0 : wf_failf(res, "SIGSTOP: %s", strerror(errno));
+        wf_sleep(0.005);
+    }
+    return wf_failf(res, "rank 1 (pid %d) never blocked in its collective", (int)pid);
+}
+
+static int rank_stall(int i, void *arg, wf_result *res, wf_result *all)
+{
+    stall_arg *a = arg;
+    symm_world_config cfg = cfg_of(&a->t, i);
+    symm_world *w;
+    symm_status st = symm_world_create(&cfg, &w);
+    if (st)
+        return failed_call(res, "symm_world_create", st);
+    const bool bcast = a->kind == 0 || a->kind == 3;
+    size_t bytes = a->kind == 0 ? 64 : STALL_BYTES;
+    unsigned char *send = calloc(1, bytes), *recv = calloc(2, bytes);
+    int code = 0;
+    if (!send || !recv)
+        code = wf_failf(res, "out of memory");
+    if (!code && i == 0 && a->kind <= 1) {
+        /* Rank 0 does not come: rank 1 waits out its timeout (and the grace
+         * of at most 2 s that ranks other than 0 add for rank 0's answer). */
+        wf_sleep(a->t.timeout + 3);
+    } else if (!code) {
+        pid_t other = 0;
+        if (i == 1) {
+            all[1].flag = (int)getpid();
+        } else {
+            while (!all[1].flag)
+                wf_sleep(0.001);
+            other = (pid_t)all[1].flag;
+            code = stop_when_asleep(other, res);
+        }
+        double t0 = wf_now();
+        if (!code) {
+            st = bcast ? symm_world_bcast(w, recv, bytes, 0) : symm_world_allgather(w, send, recv, bytes);
+            record(res, st, t0);
+        }
+        if (other)
+            kill(other, SIGKILL);
+    }
+    free(send);
+    free(recv);
+    symm_world_destroy(w);
+    return code;
+}
+
+static void check_stall(int kind, int rank, const char *needle)
+{
+    stall_arg a = {.kind = kind};
+    setup(&a.t, 2, 1);
+    wf_result *r = wf_run(2, rank_stall, &a, 20);
+    expect_status(r, rank, SYMM_ERR_TIMEOUT, needle);
+    cr_assert(r[rank].elapsed_s > 0.9 && r[rank].elapsed_s < 3.0, "rank %d gave up after %.2f s", rank,
+              r[rank].elapsed_s);
+    wf_free(r, 2);
+    wf_rmtree(a.t.dir);
+}
+
+Test(world, rank0_that_never_answers_is_named)
+{
+    check_stall(0, 1, "symm_world_bcast: rank 0 did not answer within 1 s (collective call 1)");
+}
+
+Test(world, rank0_that_never_takes_the_data_is_named)
+{
+    check_stall(1, 1, "symm_world_allgather: rank 0 did not take this rank's data within 1 s (collective call 1)");
+}
+
+Test(world, rank_that_stops_halfway_through_its_data_is_named)
+{
+    check_stall(2, 0, "symm_world_allgather: rank 1 did not send all of its data within 1 s (collective call 1)");
+}
+
+Test(world, rank_that_stops_before_the_answer_is_named)
+{
+    check_stall(3, 0, "symm_world_bcast: rank 1 did not take its data within 1 s (collective call 1)");
 }
 
 /* --- ranks that disagree ----------------------------------------------------- */
