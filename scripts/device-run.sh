@@ -4,7 +4,9 @@
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, models, nccl, world4, worlds, world8, sanitize, variant,
-#        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench
+#        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
+#        probe (link_probe, one rank per GPU: the bytes an SM moves by
+#        each path, bench/NOTES.md 42)
 #        (profile, inline, tune and dedup: on 2 GPUs;
 #        dedup times rows g with DEDUP on and off, with layout rank's
 #        push warps (bench/NOTES.md 37) and with its staging buffers
@@ -89,10 +91,11 @@ for s in "$@"; do
         echo quit | nvidia-cuda-mps-control
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
     world8) step check-w8 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 10 ;;
+    probe) step link_probe 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,32,48,64 --reps 20 ;;
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy, probe)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

@@ -1,0 +1,422 @@
+/* link_probe.c: how many bytes an SM moves, by which path, over NVLink or
+ * within one GPU: the measurement behind a choice between pushing rows to a
+ * peer and pulling them from it (bench/NOTES.md 42).
+ *
+ *   symmrun -n 2 --gpus 0,1 link_probe [--mib N] [--sms LIST] [--reps N]
+ *   symmrun -n 1 link_probe ...                 (one GPU: local copies only)
+ *   symmrun -n 2 --gpus 0 link_probe --shared-gpu ...  (under CUDA MPS: a proxy)
+ *
+ * Every rank runs the same kernel at once on SMS blocks of 512 threads (one
+ * block an SM), over N MiB, on a symmetric buffer of three N MiB regions
+ * A, B, C:
+ *   tma   each warp moves chunks of 7 KiB through shared memory with bulk
+ *         copies (cp.async.bulk load, then store; two chunks a warp in
+ *         flight), as dispatch and combine's push do;
+ *   lsu   each lane copies 16-byte vectors, 8 in flight;
+ *   sum   each lane loads a 16-byte vector from two sources, adds them (fp32)
+ *         and stores the sum, 8 in flight: a combine's sum.
+ * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
+ * pull (the peer's A -> this rank's B); sum local (A + C -> B), sum pull
+ * (this rank's A + the peer's A -> B). The peer is rank + 1 (mod world).
+ * A row's time is the slowest rank's (an allgather) per repetition; the table
+ * gives the median and p90 over --reps, the bytes each SM loads and stores
+ * per second (the SM's traffic), and the bytes that cross to or from the peer
+ * per GPU per second. Each mode's first run is checked: the destination must
+ * hold what the kernel was to put there. Exit status: 0 every row measured
+ * and checked, 1 a check failed, 2 the probe could not run. */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "symm_heap.h"
+#include "symm_jit.h"
+#include "symm_world.h"
+
+#define MAX_REPS 1000
+#define COPY_SMEM (32 * CHUNK)
+#define MAX_SMS_LIST 16
+#define CHUNK 7168 /* bytes of a tma chunk: two a warp fill 224 KiB of shared memory */
+
+static const char probe_source[] =
+    "typedef unsigned long long u64;\n"
+    "typedef unsigned u32;\n"
+    "__device__ __forceinline__ u32 smem(const void *p) { return (u32)__cvta_generic_to_shared(p); }\n"
+    "__device__ __forceinline__ void bar_wait(u64 *bar, u32 phase) {\n"
+    "    u32 done;\n"
+    "    do {\n"
+    "        asm volatile(\"{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; \"\n"
+    "                     \"selp.u32 %0, 1, 0, p; }\" : \"=r\"(done) : \"r\"(smem(bar)), \"r\"(phase) : \"memory\");\n"
+    "    } while (!done);\n"
+    "}\n"
+    "// Chunks of `chunk` bytes, chunk c by warp c mod (blocks * 16), each through\n"
+    "// one of the warp's two staging slots: load (TMA), wait, store (TMA).\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) tma_copy(const char *src, char *dst, u64 bytes, u32 chunk)\n"
+    "{\n"
+    "    extern __shared__ __align__(128) char buf[];\n"
+    "    __shared__ u64 bars[32];\n"
+    "    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
+    "    u64 *bar = bars + 2 * warp;\n"
+    "    char *slots = buf + 2 * warp * chunk;\n"
+    "    if (lane < 2) {\n"
+    "        asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\" ::\"r\"(smem(bar + lane)) : \"memory\");\n"
+    "        asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
+    "    }\n"
+    "    __syncwarp();\n"
+    "    const u64 chunks = (bytes + chunk - 1) / chunk, warps = (u64)gridDim.x * 16;\n"
+    "    u32 phases = 0, s = 0;\n"
+    "    for (u64 c = (u64)blockIdx.x * 16 + warp; c < chunks; c += warps) {\n"
+    "        const u32 len = (u32)(bytes - c * chunk < chunk ? bytes - c * chunk : chunk);\n"
+    "        if (lane == 0) {\n"
+    "            asm volatile(\"cp.async.bulk.wait_group.read 1;\" ::: \"memory\");\n"
+    "            asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" ::\"r\"(smem(bar + s)), \"r\"(len) : \"memory\");\n"
+    "            asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\"\n"
+    "                         ::\"r\"(smem(slots + s * chunk)), \"l\"(src + c * chunk), \"r\"(len), \"r\"(smem(bar + s)) : \"memory\");\n"
+    "            bar_wait(bar + s, (phases >> s) & 1);\n"
+    "            asm volatile(\"cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\"\n"
+    "                         ::\"l\"(dst + c * chunk), \"r\"(smem(slots + s * chunk)), \"r\"(len) : \"memory\");\n"
+    "            asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");\n"
+    "        }\n"
+    "        phases ^= 1u << s;\n"
+    "        s ^= 1;\n"
+    "    }\n"
+    "    if (lane == 0)\n"
+    "        asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_copy(const int4 *src, int4 *dst, u64 n)\n"
+    "{\n"
+    "    const u64 stride = (u64)gridDim.x * 512;\n"
+    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
+    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
+    "        int4 v[8];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) v[u] = src[i + u * stride];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) dst[i + u * stride] = v[u];\n"
+    "    }\n"
+    "    for (; i < n; i += stride) dst[i] = src[i];\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_sum(const float4 *a, const float4 *b, float4 *out, u64 n)\n"
+    "{\n"
+    "    const u64 stride = (u64)gridDim.x * 512;\n"
+    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
+    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
+    "        float4 x[8], y[8];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) { x[u] = a[i + u * stride]; y[u] = b[i + u * stride]; }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++)\n"
+    "            out[i + u * stride] = make_float4(x[u].x + y[u].x, x[u].y + y[u].y, x[u].z + y[u].z, x[u].w + y[u].w);\n"
+    "    }\n"
+    "    for (; i < n; i += stride) {\n"
+    "        const float4 x = a[i], y = b[i];\n"
+    "        out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);\n"
+    "    }\n"
+    "}\n";
+
+typedef enum { K_TMA, K_LSU, K_SUM } kernel_kind;
+typedef enum { M_LOCAL, M_PUSH, M_PULL } mode_kind;
+
+typedef struct probe {
+    const symm_cuda_api *cu;
+    symm_world *world;
+    symm_device *dev;
+    symm_alloc *buf;
+    int rank, size, peer, sm_count;
+    size_t bytes; /* of each region */
+    int reps;
+    int sms[MAX_SMS_LIST];
+    int n_sms;
+    bool shared_gpu;
+    CUmodule mod;
+    CUfunction fn[3];
+    CUstream stream;
+    CUevent ev[2];
+    double *samples;
+    int failed;
+} probe;
+
+static void die(const probe *p, const char *what, symm_status st)
+{
+    fprintf(stderr, "link_probe: rank %d: %s: %s: %s\n", p->rank, what, symm_status_name(st), symm_last_error());
+    exit(2);
+}
+
+static void check(const probe *p, symm_status st, const char *what)
+{
+    if (st != SYMM_OK)
+        die(p, what, st);
+}
+
+#define CU(p, call) check((p), symm_cuda_check((p)->cu->call, #call), #call)
+
+static int usage(const char *fmt, const char *arg)
+{
+    fputs("link_probe: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\nusage: symmrun -n N [--gpus LIST] link_probe [--mib N] [--sms LIST] [--reps N] [--shared-gpu]\n",
+          stderr);
+    return 2;
+}
+
+static int parse_long(const char *opt, const char *text, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "link_probe: %s \"%s\": expected an integer %ld..%ld\n", opt, text, lo, hi);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_args(probe *p, int argc, char **argv)
+{
+    long v;
+    p->bytes = (size_t)64 << 20;
+    p->reps = 20;
+    static const int default_sms[] = {8, 16, 24, 32, 48, 64, 132};
+    p->n_sms = (int)(sizeof default_sms / sizeof default_sms[0]);
+    memcpy(p->sms, default_sms, sizeof default_sms);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--shared-gpu")) {
+            p->shared_gpu = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return usage("%s needs a value", a);
+        const char *val = argv[++i];
+        if (!strcmp(a, "--mib")) {
+            if (parse_long(a, val, 1, 4096, &v))
+                return 2;
+            p->bytes = (size_t)v << 20;
+        } else if (!strcmp(a, "--reps")) {
+            if (parse_long(a, val, 1, MAX_REPS, &v))
+                return 2;
+            p->reps = (int)v;
+        } else if (!strcmp(a, "--sms")) {
+            p->n_sms = 0;
+            char copy[256];
+            if (strlen(val) >= sizeof copy)
+                return usage("--sms \"%s\": too long", val);
+            strcpy(copy, val);
+            for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+                if (p->n_sms == MAX_SMS_LIST)
+                    return usage("--sms \"%s\": at most 16 counts", val);
+                if (parse_long("--sms", tok, 1, 1024, &v))
+                    return 2;
+                p->sms[p->n_sms++] = (int)v;
+            }
+            if (p->n_sms == 0)
+                return usage("--sms \"%s\": expected counts separated by commas", val);
+        } else {
+            return usage("unknown argument \"%s\"", a);
+        }
+    }
+    return 0;
+}
+
+static void setup(probe *p)
+{
+    check(p, symm_cuda(&p->cu), "the CUDA driver");
+    check(p, symm_device_open(p->world, &p->dev), "symm_device_open");
+    if (p->size > 1 && symm_device_gpu_count(p->dev) != p->size && !p->shared_gpu) {
+        fprintf(stderr, "link_probe: rank %d: %d ranks share %d GPUs: use one rank per GPU, or --shared-gpu "
+                        "(under CUDA MPS, a proxy)\n", p->rank, p->size, symm_device_gpu_count(p->dev));
+        exit(2);
+    }
+    p->sm_count = symm_device_sm_count(p->dev);
+    char arch[32];
+    check(p, symm_jit_device_arch(symm_device_handle(p->dev), arch, sizeof arch), "symm_jit_device_arch");
+    symm_jit_request req = {.source = probe_source, .source_name = "link_probe.cu", .arch = arch};
+    symm_jit_result res;
+    symm_status st = symm_jit_compile(&req, &res);
+    if (st == SYMM_OK)
+        st = symm_jit_load(res.cubin, res.cubin_size, &p->mod);
+    symm_jit_result_free(&res);
+    check(p, st, "compiling the probe kernels");
+    static const char *const names[3] = {"tma_copy", "lsu_copy", "lsu_sum"};
+    for (int k = 0; k < 3; k++)
+        check(p, symm_jit_get_function(p->mod, names[k], &p->fn[k]), names[k]);
+    CU(p, cuFuncSetAttribute(p->fn[K_TMA], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
+    CU(p, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < 2; i++)
+        CU(p, cuEventCreate(&p->ev[i], CU_EVENT_DEFAULT));
+    check(p, symm_alloc_create(p->world, p->dev, 3 * p->bytes, 0, &p->buf), "symm_alloc_create");
+    p->samples = calloc((size_t)p->reps, sizeof *p->samples);
+    if (!p->samples)
+        die(p, "set-up", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
+}
+
+/* Region r (0 A, 1 B, 2 C) of rank's buffer, in this rank's mapping. */
+static CUdeviceptr region(const probe *p, int rank, int r)
+{
+    return symm_alloc_peer(p->buf, rank) + (CUdeviceptr)r * p->bytes;
+}
+
+/* Fills A and C of this rank with words that name the rank and region. */
+static void fill(probe *p)
+{
+    /* On the probe's stream, which does not wait for the legacy default stream. */
+    CU(p, cuMemsetD32Async(region(p, p->rank, 0), 0x3f800000u + (unsigned)p->rank * 0x10000u, p->bytes / 4,
+                           p->stream));
+    CU(p, cuMemsetD32Async(region(p, p->rank, 2), 0x40000000u + (unsigned)p->rank * 0x10000u, p->bytes / 4,
+                           p->stream));
+    CU(p, cuMemsetD32Async(region(p, p->rank, 1), 0xffffffffu, p->bytes / 4, p->stream));
+    CU(p, cuStreamSynchronize(p->stream));
+    check(p, symm_world_barrier(p->world), "barrier");
+}
+
+static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
+{
+    const int src_rank = m == M_PULL ? p->peer : p->rank, dst_rank = m == M_PUSH ? p->peer : p->rank;
+    CUdeviceptr src = region(p, src_rank, 0), dst = region(p, dst_rank, 1);
+    CUdeviceptr other = m == M_PULL ? region(p, p->peer, 0) : region(p, p->rank, 2);
+    unsigned long long bytes = p->bytes, vecs = p->bytes / 16;
+    unsigned chunk = CHUNK;
+    void *args_tma[] = {&src, &dst, &bytes, &chunk};
+    void *args_lsu[] = {&src, &dst, &vecs};
+    CUdeviceptr a = region(p, p->rank, 0);
+    void *args_sum[] = {&a, &other, &dst, &vecs};
+    void **args = k == K_TMA ? args_tma : k == K_LSU ? args_lsu : args_sum;
+    CU(p, cuLaunchKernel(p->fn[k], (unsigned)sms, 1, 1, 512, 1, 1, k == K_TMA ? COPY_SMEM : 0, p->stream, args,
+                         NULL));
+}
+
+/* What B of the destination rank must hold after a run. */
+static bool check_result(probe *p, kernel_kind k, mode_kind m)
+{
+    CU(p, cuStreamSynchronize(p->stream));
+    check(p, symm_world_barrier(p->world), "barrier");
+    /* After push, this rank's B holds what the rank before it pushed. */
+    const int src = m == M_PUSH ? (p->rank + p->size - 1) % p->size : m == M_PULL ? p->peer : p->rank;
+    const unsigned own = 0x3f800000u + (unsigned)p->rank * 0x10000u;
+    const unsigned from = 0x3f800000u + (unsigned)src * 0x10000u;
+    const unsigned other = m == M_PULL ? 0x3f800000u + (unsigned)p->peer * 0x10000u
+                                       : 0x40000000u + (unsigned)p->rank * 0x10000u;
+    float want, x, y;
+    memcpy(&want, &from, 4);
+    if (k == K_SUM) {
+        memcpy(&x, &own, 4);
+        memcpy(&y, &other, 4);
+        want = x + y;
+    }
+    static float got[4096];
+    const size_t at[3] = {0, p->bytes / 2, p->bytes - sizeof got};
+    for (int i = 0; i < 3; i++) {
+        CU(p, cuMemcpyDtoH(got, region(p, p->rank, 1) + at[i], sizeof got));
+        for (size_t j = 0; j < sizeof got / 4; j++)
+            if (memcmp(&got[j], &want, 4) != 0) {
+                fprintf(stderr, "link_probe: rank %d: B[%zu] = %g after the run, expected %g\n", p->rank,
+                        at[i] / 4 + j, (double)got[j], (double)want);
+                return false;
+            }
+    }
+    return true;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void row(probe *p, kernel_kind k, mode_kind m, int sms)
+{
+    static const char *const kname[3] = {"tma", "lsu", "sum"};
+    static const char *const mname[3] = {"local", "push", "pull"};
+    fill(p);
+    launch(p, k, m, sms);
+    bool ok = check_result(p, k, m);
+    int all_ok = ok, sum_ok = 0;
+    double *gathered = calloc((size_t)p->size, sizeof *gathered);
+    int *oks = calloc((size_t)p->size, sizeof *oks);
+    if (!gathered || !oks)
+        die(p, "row", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
+    check(p, symm_world_allgather(p->world, &all_ok, oks, sizeof all_ok), "allgather");
+    for (int r = 0; r < p->size; r++)
+        sum_ok += oks[r];
+    for (int i = 0; i < 3; i++)
+        launch(p, k, m, sms); /* warm-up */
+    for (int i = 0; i < p->reps; i++) {
+        CU(p, cuStreamSynchronize(p->stream));
+        check(p, symm_world_barrier(p->world), "barrier");
+        CU(p, cuEventRecord(p->ev[0], p->stream));
+        launch(p, k, m, sms);
+        CU(p, cuEventRecord(p->ev[1], p->stream));
+        CU(p, cuEventSynchronize(p->ev[1]));
+        float ms = 0;
+        CU(p, cuEventElapsedTime(&ms, p->ev[0], p->ev[1]));
+        double us = (double)ms * 1e3;
+        check(p, symm_world_allgather(p->world, &us, gathered, sizeof us), "allgather");
+        double worst = 0;
+        for (int r = 0; r < p->size; r++)
+            worst = gathered[r] > worst ? gathered[r] : worst;
+        p->samples[i] = worst;
+    }
+    qsort(p->samples, (size_t)p->reps, sizeof *p->samples, by_value);
+    const double p50 = p->samples[p->reps / 2], p90 = p->samples[(p->reps * 9) / 10];
+    /* Bytes each SM loads and stores; bytes that cross per GPU. */
+    const double traffic = (double)p->bytes * (k == K_SUM ? 3 : 2);
+    const double remote = m == M_LOCAL ? 0 : (double)p->bytes;
+    if (p->rank == 0)
+        printf("%-4s %-6s %4d  %9.1f %9.1f  %9.1f  %9.1f  %9.1f  %s\n", kname[k], mname[m], sms, p50, p90,
+               traffic / p50 / 1e3, traffic / p50 / 1e3 / sms, remote / p50 / 1e3,
+               sum_ok == p->size ? "ok" : "WRONG");
+    fflush(stdout);
+    if (sum_ok != p->size)
+        p->failed = 1;
+    free(gathered);
+    free(oks);
+}
+
+int main(int argc, char **argv)
+{
+    probe p;
+    memset(&p, 0, sizeof p);
+    int rc = parse_args(&p, argc, argv);
+    if (rc)
+        return rc;
+    symm_status st = symm_world_create_from_env(&p.world);
+    if (st != SYMM_OK) {
+        fprintf(stderr, "link_probe: %s: %s (start it with symmrun)\n", symm_status_name(st), symm_last_error());
+        return 2;
+    }
+    p.rank = symm_world_rank(p.world);
+    p.size = symm_world_size(p.world);
+    p.peer = (p.rank + 1) % p.size;
+    setup(&p);
+    if (p.rank == 0) {
+        printf("link_probe: %d rank(s), %d SMs per GPU, %zu MiB per region, %d reps, peer = rank + 1%s\n", p.size,
+               p.sm_count, p.bytes >> 20, p.reps, p.size == 1 ? " (itself)" : p.shared_gpu ? " (RANKS SHARE GPUS)" : "");
+        printf("%-4s %-6s %4s  %9s %9s  %9s  %9s  %9s\n", "kern", "mode", "sms", "us p50", "us p90",
+               "SMs GB/s", "per SM", "remote GB/s");
+    }
+    for (int s = 0; s < p.n_sms; s++) {
+        const int sms = p.sms[s] < p.sm_count ? p.sms[s] : p.sm_count;
+        for (int k = 0; k < 3; k++)
+            for (int m = 0; m < 3; m++) {
+                if (k == K_SUM && m == M_PUSH)
+                    continue; /* a sum is pulled or local */
+                if (p.size == 1 && m != M_LOCAL)
+                    continue;
+                row(&p, (kernel_kind)k, (mode_kind)m, sms);
+            }
+    }
+    check(&p, symm_alloc_destroy(p.buf), "symm_alloc_destroy");
+    for (int i = 0; i < 2; i++)
+        p.cu->cuEventDestroy(p.ev[i]);
+    p.cu->cuStreamDestroy(p.stream);
+    symm_jit_unload(p.mod);
+    symm_device_close(p.dev);
+    symm_world_destroy(p.world);
+    free(p.samples);
+    return p.failed;
+}
