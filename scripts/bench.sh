@@ -4,7 +4,8 @@
 # warm process, cache miss, cache hit; with NVRTC's own cache on and off),
 # then runs bench/moe_bench through symmrun on 2 GPUs, one rank per GPU: our
 # native backend, our NCCL backend, raw NCCL and the copy-engine ceiling,
-# side by side.
+# side by side; last, bench/link_probe on the same GPUs: what an SM moves
+# pushing, pulling and locally (bench/NOTES.md 42).
 #
 # Results go to bench/out/ (or $BENCH_OUT), three files so that a lent
 # device machine (at most 8 files come back from $OUT) brings them all back:
@@ -30,7 +31,7 @@
 #   SYMM_CACHE_DIR  JIT cache of moe_bench (default $SYMM_BUILD_DIR/jit-cache)
 # Without a GPU it says "skipped: no GPU" and exits 0, like `make test-gpu`.
 # Exit status: moe_bench's (0 all rows correct, 1 some row FAIL, 2 could not
-# run), or 1 when a step before it failed.
+# run), or 1 when another step failed.
 set -uo pipefail
 build=${SYMM_BUILD_DIR:-build}
 outdir=${BENCH_OUT:-bench/out}
@@ -48,7 +49,7 @@ if [ "$ngpu" -lt 2 ]; then
     note "needs 2 GPUs (one rank per GPU; ranks sharing a GPU are time-sliced), found $ngpu"
     exit 1
 fi
-for bin in bin/symmgen bin/symmrun bench/moe_bench bench/jit_bench; do
+for bin in bin/symmgen bin/symmrun bench/moe_bench bench/jit_bench bench/link_probe; do
     if [ ! -x "$build/$bin" ]; then
         note "$build/$bin is missing: build first (make BUILD=$build gpu-build), or set SYMM_BUILD_DIR"
         exit 1
@@ -60,7 +61,8 @@ csv=$outdir/moe_bench.csv
 entry=$outdir/results-entry.md
 tables=$(mktemp /tmp/moe_bench-tables.XXXXXX) || exit 1
 jitlog=$(mktemp /tmp/moe_bench-jit.XXXXXX) || exit 1
-trap 'rm -f "$tables" "$jitlog"' EXIT
+probelog=$(mktemp /tmp/moe_bench-probe.XXXXXX) || exit 1
+trap 'rm -f "$tables" "$jitlog" "$probelog"' EXIT
 rm -f "$csv" "$entry"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
@@ -109,6 +111,15 @@ timeout -k 10 "$limit" "$build/bin/symmrun" -n 2 --gpus "$gpus" -- "$build/bench
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && note "moe_bench ran out of time (BENCH_TIMEOUT=$limit s)" | tee -a "$log"
 
+# What an SM moves by each path, on the same GPUs (a few seconds); with
+# moe_bench's --shared-gpu (a proxy under CUDA MPS), the probe's too.
+probe_args=()
+[[ " $* " == *" --shared-gpu "* ]] && probe_args+=(--shared-gpu)
+note "link_probe on GPUs $gpus" | tee -a "$log"
+timeout -k 10 120 "$build/bin/symmrun" -n 2 --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,64 \
+    --reps 20 "${probe_args[@]}" 2>&1 | sed 's/^\[0\] //' | tee "$probelog" | tee -a "$log"
+probe_rc=${PIPESTATUS[0]}
+
 if [ -s "$csv" ]; then
     if command -v gnuplot >/dev/null 2>&1; then
         gnuplot -e "csv='$csv'" bench/plot.gp || note "gnuplot failed"
@@ -140,6 +151,12 @@ fi
     cat "$jitlog"
     echo '```'
     echo
+    echo "What an SM moves (bench/link_probe, exit status $probe_rc; GB/s per SM: bytes loaded and stored):"
+    echo
+    echo '```'
+    cat "$probelog"
+    echo '```'
+    echo
 } > "$entry"
 results=${BENCH_RESULTS:-}
 if [ -z "$results" ]; then
@@ -155,5 +172,5 @@ if [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]; the
 fi
 [ -n "${OUT:-}" ] && note "append results-entry.md to bench/RESULTS.md where you commit"
 note "results in $outdir (moe_bench exit status $rc)"
-[ "$jit_rc" -eq 0 ] || { [ "$rc" -eq 0 ] && rc=1; }
+[ "$jit_rc" -eq 0 ] && [ "$probe_rc" -eq 0 ] || { [ "$rc" -eq 0 ] && rc=1; }
 exit "$rc"
