@@ -17,6 +17,8 @@
 #        and 24 set the other way; proxy: on one GPU, both ranks at once
 #        under CUDA MPS, moe_bench --shared-gpu, groups PROXY_GROUPS (a,b,f),
 #        then a profile of a,b)
+# The device's copy of the tree may carry another commit's .git: set
+# BENCH_COMMIT (the commit built here) for the bench step's RESULTS entry.
 set -uo pipefail
 build=$1; shift
 # Logs go to one archive under $OUT (the device tool brings back few files).
