@@ -4,8 +4,8 @@
 -- sizes, so compiling all of it stays quick: every dispatch dtype (bf16,
 -- fp16, fp32, fp8_e4m3), a few combine dtypes, both receive layouts, with
 -- and without top-k weights, on 2 and 4 ranks, two variants per world whose
--- capacity is below the worst case (one per layout), and expert layouts with
--- aligned segments.
+-- capacity is below the worst case (one per layout), expert layouts with
+-- aligned segments, and a variant per world on 2 SMs.
 --
 -- Names read dtype_layout_wWORLD (plus what is special about the variant).
 -- See specs/tutorial.lua for what each field means.
@@ -48,6 +48,10 @@ for _, w in ipairs({ 2, 4 }) do
   -- token that do fit still arrive whole.
   layout(with(mid, { name = "fp16_expert_a8_cap" .. s, world = w, dtype = "fp16", layout = "expert", align = 8,
                      capacity = w * mid.max_tokens * 2 }))
+
+  -- Few SMs: combine sums several tokens a unit and the last ones one a
+  -- unit, which the wider variants reach only at thousands of tokens.
+  layout(with(mid, { name = "bf16_rank_sms2" .. s, world = w, sms = 2 }))
 end
 
 -- Top-8 over 64 experts at the largest hidden size of the set, with segments

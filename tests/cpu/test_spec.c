@@ -1354,11 +1354,12 @@ static bool has_weights(const sg_variant *v, int w) { return v->weights == (bool
 static bool has_world(const sg_variant *v, int w) { return v->world == w; }
 static bool capped_in_world(const sg_variant *v, int w) { return v->world == w && v->capacity_set; }
 static bool aligned(const sg_variant *v, int a) { return v->layout == SYMM_LAYOUT_EXPERT && v->align >= a; }
+static bool few_sms_in_world(const sg_variant *v, int w) { return v->world == w && v->sms <= 4; }
 
 Test(spec, default_spec_covers_the_matrix)
 {
     cr_assert(load("specs/default.lua") == 0, "specs/default.lua:\n%s", messages());
-    cr_expect(spec.count >= 12 && spec.count <= 20, "%zu variants, expected 12..20", spec.count);
+    cr_expect(spec.count >= 12 && spec.count <= 24, "%zu variants, expected 12..24", spec.count);
     for (int d = SYMM_DTYPE_BF16; d <= SYMM_DTYPE_FP8_E4M3; d++)
         cr_expect(count_if(has_dtype, d) > 0, "no %s variant", sg_dtype_name((symm_dtype)d));
     cr_expect(count_if(has_combine, SYMM_DTYPE_FP32) > 0 && count_if(has_combine, SYMM_DTYPE_FP16) > 0,
@@ -1369,6 +1370,8 @@ Test(spec, default_spec_covers_the_matrix)
     cr_expect(count_if(capped_in_world, 2) > 0 && count_if(capped_in_world, 4) > 0,
               "each world needs a variant with capacity below the worst case");
     cr_expect(count_if(aligned, 64) > 0, "an expert variant with align >= 64");
+    cr_expect(count_if(few_sms_in_world, 2) > 0 && count_if(few_sms_in_world, 4) > 0,
+              "each world needs a variant on at most 4 SMs (combine's grouped units at a few hundred tokens)");
     for (size_t i = 0; i < spec.count; i++) {
         const sg_variant *v = &spec.variants[i];
         cr_expect(v->hidden >= 1024 && v->hidden <= 7168 && v->max_tokens >= 128 && v->max_tokens <= 512 &&
