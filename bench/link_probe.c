@@ -14,10 +14,13 @@
  *         flight), as dispatch and combine's push do;
  *   lsu   each lane copies 16-byte vectors, 8 in flight;
  *   sum   each lane loads a 16-byte vector from two sources, adds them (fp32)
- *         and stores the sum, 8 in flight: a combine's sum.
+ *         and stores the sum, 8 in flight: a combine's sum;
+ *   load  loads alone (each thread adds its vectors up, one store at the
+ *         end), 8 in flight;  store  stores alone.
  * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
  * pull (the peer's A -> this rank's B); sum local (A + C -> B), sum pull
- * (this rank's A + the peer's A -> B). The peer is rank + 1 (mod world).
+ * (this rank's A + the peer's A -> B); load local or pull (A), store local
+ * or push (B). The peer is rank + 1 (mod world).
  * A row's time is the slowest rank's (an allgather) per repetition; the table
  * gives the median and p90 over --reps, the bytes each SM loads and stores
  * per second (the SM's traffic), and the bytes that cross to or from the peer
@@ -116,9 +119,32 @@ static const char probe_source[] =
     "        const float4 x = a[i], y = b[i];\n"
     "        out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);\n"
     "    }\n"
+    "}\n"
+    "// Loads alone: each thread adds up its vectors and stores the sum once.\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_load(const uint4 *src, u64 n, uint4 *sink)\n"
+    "{\n"
+    "    const u64 stride = (u64)gridDim.x * 512;\n"
+    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
+    "    uint4 acc = make_uint4(0, 0, 0, 0);\n"
+    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
+    "        uint4 v[8];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) v[u] = src[i + u * stride];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) { acc.x += v[u].x; acc.y += v[u].y; acc.z += v[u].z; acc.w += v[u].w; }\n"
+    "    }\n"
+    "    for (; i < n; i += stride) { const uint4 v = src[i]; acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w; }\n"
+    "    sink[(u64)blockIdx.x * 512 + threadIdx.x] = acc;\n"
+    "}\n"
+    "// Stores alone.\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_store(uint4 *dst, u64 n, u32 word)\n"
+    "{\n"
+    "    const u64 stride = (u64)gridDim.x * 512;\n"
+    "    const uint4 v = make_uint4(word, word, word, word);\n"
+    "    for (u64 i = (u64)blockIdx.x * 512 + threadIdx.x; i < n; i += stride) dst[i] = v;\n"
     "}\n";
 
-typedef enum { K_TMA, K_LSU, K_SUM } kernel_kind;
+typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_COUNT } kernel_kind;
 typedef enum { M_LOCAL, M_PUSH, M_PULL } mode_kind;
 
 typedef struct probe {
@@ -133,7 +159,7 @@ typedef struct probe {
     int n_sms;
     bool shared_gpu;
     CUmodule mod;
-    CUfunction fn[3];
+    CUfunction fn[K_COUNT];
     CUstream stream;
     CUevent ev[2];
     double *samples;
@@ -242,8 +268,8 @@ static void setup(probe *p)
         st = symm_jit_load(res.cubin, res.cubin_size, &p->mod);
     symm_jit_result_free(&res);
     check(p, st, "compiling the probe kernels");
-    static const char *const names[3] = {"tma_copy", "lsu_copy", "lsu_sum"};
-    for (int k = 0; k < 3; k++)
+    static const char *const names[K_COUNT] = {"tma_copy", "lsu_copy", "lsu_sum", "lsu_load", "lsu_store"};
+    for (int k = 0; k < K_COUNT; k++)
         check(p, symm_jit_get_function(p->mod, names[k], &p->fn[k]), names[k]);
     CU(p, cuFuncSetAttribute(p->fn[K_TMA], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
     CU(p, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
@@ -285,13 +311,17 @@ static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
     void *args_lsu[] = {&src, &dst, &vecs};
     CUdeviceptr a = region(p, p->rank, 0);
     void *args_sum[] = {&a, &other, &dst, &vecs};
-    void **args = k == K_TMA ? args_tma : k == K_LSU ? args_lsu : args_sum;
+    void *args_load[] = {&src, &vecs, &dst}; /* dst: the sums, one a thread */
+    unsigned word = 0x3f800000u + (unsigned)p->rank * 0x10000u;
+    void *args_store[] = {&dst, &vecs, &word};
+    void **args = k == K_TMA ? args_tma : k == K_LSU ? args_lsu : k == K_SUM ? args_sum : k == K_LOAD ? args_load
+                                                                                                      : args_store;
     CU(p, cuLaunchKernel(p->fn[k], (unsigned)sms, 1, 1, 512, 1, 1, k == K_TMA ? COPY_SMEM : 0, p->stream, args,
                          NULL));
 }
 
 /* What B of the destination rank must hold after a run. */
-static bool check_result(probe *p, kernel_kind k, mode_kind m)
+static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
 {
     CU(p, cuStreamSynchronize(p->stream));
     check(p, symm_world_barrier(p->world), "barrier");
@@ -307,6 +337,24 @@ static bool check_result(probe *p, kernel_kind k, mode_kind m)
         memcpy(&x, &own, 4);
         memcpy(&y, &other, 4);
         want = x + y;
+    }
+    if (k == K_LOAD) {
+        /* Thread i added up vectors i, i + T, ... (T threads), each four words `from`. */
+        const unsigned long long n = p->bytes / 16, threads = (unsigned long long)sms_of_run * 512;
+        const unsigned long long idx[2] = {0, threads - 1};
+        for (int i = 0; i < 2; i++) {
+            unsigned sum[4];
+            CU(p, cuMemcpyDtoH(sum, region(p, p->rank, 1) + idx[i] * 16, sizeof sum));
+            const unsigned long long count = n > idx[i] ? (n - idx[i] + threads - 1) / threads : 0;
+            const unsigned want_sum = (unsigned)(count * from);
+            for (int j = 0; j < 4; j++)
+                if (sum[j] != want_sum) {
+                    fprintf(stderr, "link_probe: rank %d: thread %llu's sum is 0x%08x, expected 0x%08x\n", p->rank,
+                            idx[i], sum[j], want_sum);
+                    return false;
+                }
+        }
+        return true;
     }
     static float got[4096];
     const size_t at[3] = {0, p->bytes / 2, p->bytes - sizeof got};
@@ -330,11 +378,11 @@ static int by_value(const void *a, const void *b)
 
 static void row(probe *p, kernel_kind k, mode_kind m, int sms)
 {
-    static const char *const kname[3] = {"tma", "lsu", "sum"};
+    static const char *const kname[K_COUNT] = {"tma", "lsu", "sum", "load", "store"};
     static const char *const mname[3] = {"local", "push", "pull"};
     fill(p);
     launch(p, k, m, sms);
-    bool ok = check_result(p, k, m);
+    bool ok = check_result(p, k, m, sms);
     int all_ok = ok, sum_ok = 0;
     double *gathered = calloc((size_t)p->size, sizeof *gathered);
     int *oks = calloc((size_t)p->size, sizeof *oks);
@@ -364,7 +412,7 @@ static void row(probe *p, kernel_kind k, mode_kind m, int sms)
     qsort(p->samples, (size_t)p->reps, sizeof *p->samples, by_value);
     const double p50 = p->samples[p->reps / 2], p90 = p->samples[(p->reps * 9) / 10];
     /* Bytes each SM loads and stores; bytes that cross per GPU. */
-    const double traffic = (double)p->bytes * (k == K_SUM ? 3 : 2);
+    const double traffic = (double)p->bytes * (k == K_SUM ? 3 : k == K_LOAD || k == K_STORE ? 1 : 2);
     const double remote = m == M_LOCAL ? 0 : (double)p->bytes;
     if (p->rank == 0)
         printf("%-4s %-6s %4d  %9.1f %9.1f  %9.1f  %9.1f  %9.1f  %s\n", kname[k], mname[m], sms, p50, p90,
@@ -401,10 +449,12 @@ int main(int argc, char **argv)
     }
     for (int s = 0; s < p.n_sms; s++) {
         const int sms = p.sms[s] < p.sm_count ? p.sms[s] : p.sm_count;
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < K_COUNT; k++)
             for (int m = 0; m < 3; m++) {
-                if (k == K_SUM && m == M_PUSH)
-                    continue; /* a sum is pulled or local */
+                if ((k == K_SUM || k == K_LOAD) && m == M_PUSH)
+                    continue; /* a sum or a load is pulled or local */
+                if (k == K_STORE && m == M_PULL)
+                    continue; /* a store is pushed or local */
                 if (p.size == 1 && m != M_LOCAL)
                     continue;
                 row(&p, (kernel_kind)k, (mode_kind)m, sms);
