@@ -64,6 +64,14 @@ static int failed_call(wf_result *res, const char *what, symm_status st)
     return wf_failf(res, "%s: %s: %s", what, symm_status_name(st), symm_last_error());
 }
 
+/* Rank i joins t's world; 1 (with res->msg saying why) when it cannot. */
+static int join(const world_test *t, int i, wf_result *res, symm_world **w)
+{
+    symm_world_config cfg = cfg_of(t, i);
+    symm_status st = symm_world_create(&cfg, w);
+    return st ? failed_call(res, "symm_world_create", st) : 0;
+}
+
 /* Record the failure a rank expects (status and message) for the parent. */
 static int record(wf_result *res, symm_status st, double t0)
 {
@@ -186,11 +194,9 @@ static int rank_collectives(int i, void *arg, wf_result *res, wf_result *all)
 {
     const world_test *t = arg;
     int fds_before = wf_count_fds();
-    symm_world_config cfg = cfg_of(t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(t, i, res, &w))
+        return 1;
     int code = 0;
     if (symm_world_rank(w) != i || symm_world_size(w) != t->size || symm_world_local_rank(w) != i ||
         symm_world_device(w) != i || symm_world_timeout(w) != t->timeout)
@@ -443,11 +449,9 @@ static int rank_until_killed(int i, void *arg, wf_result *res, wf_result *all)
 {
     (void)all;
     world_test *t = arg;
-    symm_world_config cfg = cfg_of(t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(t, i, res, &w))
+        return 1;
     size_t bytes = 1 << 20;
     char *send = malloc(bytes), *recv = malloc(bytes * (size_t)t->size);
     memset(send, i + 1, bytes);
@@ -459,6 +463,7 @@ static int rank_until_killed(int i, void *arg, wf_result *res, wf_result *all)
         struct itimerval it = {.it_value = {.tv_usec = 20000 + (long)(us % 100000)}};
         setitimer(ITIMER_REAL, &it, NULL);
     }
+    symm_status st = SYMM_OK;
     for (int k = 0; k < 100000 && st == SYMM_OK; k++)
         st = symm_world_allgather(w, send, recv, bytes);
     record(res, st, t0);
@@ -498,15 +503,13 @@ static int rank_late(int i, void *arg, wf_result *res, wf_result *all)
 {
     (void)all;
     world_test *t = arg;
-    symm_world_config cfg = cfg_of(t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(t, i, res, &w))
+        return 1;
     if (i == 2)
         wf_sleep(t->timeout + 1);
     double t0 = wf_now();
-    st = symm_world_barrier(w);
+    symm_status st = symm_world_barrier(w);
     record(res, st, t0);
     symm_world_destroy(w);
     return 0;
@@ -560,11 +563,9 @@ static int stop_when_asleep(pid_t pid, wf_result *res)
 static int rank_stall(int i, void *arg, wf_result *res, wf_result *all)
 {
     stall_arg *a = arg;
-    symm_world_config cfg = cfg_of(&a->t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(&a->t, i, res, &w))
+        return 1;
     const bool bcast = a->kind == 0 || a->kind == 3;
     size_t bytes = a->kind == 0 ? 64 : STALL_BYTES;
     unsigned char *send = calloc(1, bytes), *recv = calloc(2, bytes);
@@ -587,8 +588,7 @@ static int rank_stall(int i, void *arg, wf_result *res, wf_result *all)
         }
         double t0 = wf_now();
         if (!code) {
-            st = bcast ? symm_world_bcast(w, recv, bytes, 0) : symm_world_allgather(w, send, recv, bytes);
-            record(res, st, t0);
+            record(res, bcast ? symm_world_bcast(w, recv, bytes, 0) : symm_world_allgather(w, send, recv, bytes), t0);
         }
         if (other)
             kill(other, SIGKILL);
@@ -642,14 +642,13 @@ static int rank_mismatch(int i, void *arg, wf_result *res, wf_result *all)
 {
     (void)all;
     mismatch_arg *m = arg;
-    symm_world_config cfg = cfg_of(&m->t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(&m->t, i, res, &w))
+        return 1;
     char send[64], recv[3 * 64];
     memset(send, 'a' + i, sizeof send);
     double t0 = wf_now();
+    symm_status st;
     if (m->kind == 1 && i == 1)
         st = symm_world_bcast(w, send, sizeof send, 0);
     else if (m->kind == 2)
@@ -767,13 +766,11 @@ static int rank_or_observer(int i, void *arg, wf_result *res, wf_result *all)
         umask(0);
     else
         wf_sleep(0.4);
-    symm_world_config cfg = cfg_of(t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(t, i, res, &w))
+        return 1;
     res->flag = 1;
-    st = symm_world_barrier(w);
+    symm_status st = symm_world_barrier(w);
     symm_world_destroy(w);
     return st ? failed_call(res, "symm_world_barrier", st) : 0;
 }
@@ -847,13 +844,11 @@ static int rank_cycles(int i, void *arg, wf_result *res, wf_result *all)
     world_test *t = arg;
     int before = wf_count_fds();
     for (int cycle = 0; cycle < 5; cycle++) {
-        symm_world_config cfg = cfg_of(t, i);
         symm_world *w;
-        symm_status st = symm_world_create(&cfg, &w);
-        if (st)
-            return failed_call(res, "symm_world_create", st);
+        if (join(t, i, res, &w))
+            return 1;
         int fd = open("/dev/null", O_RDONLY | O_CLOEXEC), fds[3];
-        st = symm_world_allgather_fd(w, fd, fds);
+        symm_status st = symm_world_allgather_fd(w, fd, fds);
         close(fd);
         if (st == SYMM_OK)
             for (int r = 0; r < t->size; r++)
@@ -891,11 +886,9 @@ static int rank_out_of_fds(int i, void *arg, wf_result *res, wf_result *all)
 {
     (void)all;
     world_test *t = arg;
-    symm_world_config cfg = cfg_of(t, i);
     symm_world *w;
-    symm_status st = symm_world_create(&cfg, &w);
-    if (st)
-        return failed_call(res, "symm_world_create", st);
+    if (join(t, i, res, &w))
+        return 1;
     int fd = open("/dev/null", O_RDONLY | O_CLOEXEC), fds[2], fill[64], n = 0;
     struct rlimit old, lim;
     if (i == 1) {
@@ -910,7 +903,7 @@ static int rank_out_of_fds(int i, void *arg, wf_result *res, wf_result *all)
         close(fill[--n]); /* one left: for allgather_fd's dup of fd */
     }
     double t0 = wf_now();
-    st = symm_world_allgather_fd(w, fd, fds);
+    symm_status st = symm_world_allgather_fd(w, fd, fds);
     int code = record(res, st, t0);
     if (i == 1) {
         while (n > 0)
