@@ -62,7 +62,8 @@ static const char *const routing_names[] = {"uniform", "zipf", "local"};
 
 /* One row: a variant of specs/bench.lua at one T and routing. The group is
  * the first letter of the id (the letters of the issue: a..g; h: the fixed
- * costs, every token routed to its own rank's experts, no row crosses). */
+ * costs, every token routed to its own rank's experts, no row crosses; p:
+ * rows a, b, f.8, f.16 and g with combine = "pull", bench/NOTES.md 46). */
 typedef struct row_spec {
     const char *id;
     const char *variant;
@@ -95,6 +96,12 @@ static const row_spec matrix[] = {
     {"h.prefill", "bench_dsv3_prefill", 4096, ROUTE_LOCAL},
     {"h.decode", "bench_dsv3_decode", 128, ROUTE_LOCAL},
     {"h.expert", "bench_dsv3_prefill_expert", 4096, ROUTE_LOCAL},
+    {"p.a", "bench_dsv3_prefill_pull", 4096, ROUTE_UNIFORM},
+    {"p.b", "bench_dsv3_decode_pull", 128, ROUTE_UNIFORM},
+    {"p.f.8", "bench_dsv3_prefill_sms8_pull", 4096, ROUTE_UNIFORM},
+    {"p.f.16", "bench_dsv3_prefill_sms16_pull", 4096, ROUTE_UNIFORM},
+    {"p.g.prefill", "bench_dsv3_prefill_expert_pull", 4096, ROUTE_UNIFORM},
+    {"p.g.decode", "bench_dsv3_decode_expert_pull", 128, ROUTE_UNIFORM},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -124,10 +131,11 @@ static void usage(FILE *f)
             "  --manifest PATH  manifest.json of the generated bench variants (required)\n"
             "  --csv PATH       write the rows as CSV (rank 0; rows appear as variants finish)\n"
             "  --markdown PATH  write the final tables in Markdown (rank 0), for bench/RESULTS.md\n"
-            "  --groups LIST    only these row groups, letters a..h separated by commas (default all):\n"
-            "                   a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM budgets,\n"
-            "                   g layout expert, h fixed costs (a, b and g.prefill with every token\n"
-            "                   routed to its own rank: no row crosses)\n"
+            "  --groups LIST    only these row groups, letters a..h and p separated by commas (default\n"
+            "                   all): a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM\n"
+            "                   budgets, g layout expert, h fixed costs (a, b and g.prefill with every\n"
+            "                   token routed to its own rank: no row crosses), p a, b, f.8, f.16 and g\n"
+            "                   with a combine that pulls the peers' rows (combine = \"pull\")\n"
             "  --reps N         timed repetitions per measurement (default %d, at least %d for\n"
             "                   numbers worth reporting)\n"
             "  --warmup N       untimed repetitions before them (default 5)\n"
@@ -195,8 +203,9 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--groups")) {
             o->groups = argv[++i];
             for (const char *g = o->groups; *g; g++)
-                if (*g != ',' && (*g < 'a' || *g > 'h'))
-                    return bad_usage("--groups \"%s\": expected letters a..h separated by commas", o->groups);
+                if (*g != ',' && (*g < 'a' || *g > 'h') && *g != 'p')
+                    return bad_usage("--groups \"%s\": expected letters a..h and p separated by commas",
+                                     o->groups);
         } else if (!strcmp(a, "--reps")) {
             if (!parse_int(argv[++i], 1, 100000, &o->reps))
                 return bad_usage("--reps \"%s\": expected an integer 1..100000", argv[i]);
@@ -1242,12 +1251,27 @@ static bool guard_agreed(bench *b, symm_variant *v, const guard *g, const dev_bu
     return agree(b, ok, why, note);
 }
 
+/* The buffers of a variant's calls: with combine = "pull", y in the
+ * variant's symmetric buffer (where the peers read it), else db's. */
+static dev_bufs with_variant_y(bench *b, symm_variant *v, const dev_bufs *db)
+{
+    dev_bufs yb = *db;
+    if (v && symm_variant_describe(v)->combine_pull) {
+        symm_recv_buffers rb;
+        CHECK(b, "symm_variant_recv", symm_variant_recv(v, &rb));
+        yb.y = rb.y;
+    }
+    return yb;
+}
+
 static void stage_native(bench *b, const variant_plan *vp, const guard *g, const dev_bufs *db)
 {
     const symm_variant_desc *d = vp->desc;
     char note[NOTE_LEN] = "";
     double ms;
     symm_variant *v = create_variant(b, d, SYMM_BACKEND_NATIVE, &ms, note);
+    dev_bufs yb = with_variant_y(b, v, db);
+    db = &yb;
     bool ok = v && guard_agreed(b, v, g, db, note);
     say(b, "  %-28s native: %s in %.0f ms; guard at T=%d: %s\n", d->name, v ? "created" : "NOT created", ms,
         g->tokens, ok ? "ok" : "FAIL");
@@ -1317,9 +1341,12 @@ static void stage_nccl_backend(bench *b, const variant_plan *vp, const guard *g,
     symm_variant *v = NULL;
     char note[NOTE_LEN] = "";
     bool ok = true;
+    dev_bufs yb;
     if (needs_baseline(b, vp, 0)) {
         double ms;
         v = create_variant(b, d, SYMM_BACKEND_NCCL, &ms, note);
+        yb = with_variant_y(b, v, db);
+        db = &yb;
         ok = v && guard_agreed(b, v, g, db, note);
         say(b, "  %-28s NCCL backend: %s in %.0f ms; guard at T=%d: %s\n", d->name, v ? "created" : "NOT created",
             ms, g->tokens, ok ? "ok" : "FAIL");

@@ -7,7 +7,8 @@
 #   gbs_vs_tokens.png  remote GB/s per GPU against tokens per rank, rows of
 #                      group e (the T sweep of the DeepSeek-V3 prefill shape):
 #                      ours (dispatch, combine), NCCL backend, raw NCCL, ceiling
-#   gbs_vs_sms.png     the same against the SM budget, rows of group f
+#   gbs_vs_sms.png     the same against the SM budget, rows of group f, and
+#                      the pulling combine of group p (rows p.f.8, p.f.16, p.a)
 # Columns are found by their names in the CSV header (bench/moe_bench.c);
 # `smooth unique` orders each curve by x, whatever the order of the rows.
 
@@ -37,6 +38,9 @@ set yrange [0:*]
 
 # A column of rows of one group, else NaN (the row is skipped).
 in(g, name) = strcol("group") eq g ? column(name) : NaN
+# Rows of group p (combine = "pull") at (a)'s shape, T = 4096, layout rank:
+# the pulling combine against the SM budget.
+in_pull(name) = strcol("group") eq "p" && column("tokens") == 4096 && strcol("layout") eq "rank" ? column(name) : NaN
 # Rows of a group in the CSV (a run with --groups may lack some).
 rows(g) = int(system(sprintf("grep -c '^%s\\.' '%s' || true", g, csv)))
 done = ""
@@ -57,11 +61,12 @@ if (rows("e") > 0) {
 
 if (rows("f") > 0) {
     set output outdir."/gbs_vs_sms.png"
-    set title "dispatch / combine bandwidth against the SM budget (group f, T = 4096)"
+    set title "dispatch / combine bandwidth against the SM budget (groups f and p, T = 4096)"
     set xlabel "SMs (blocks per kernel, the variant's sms)"
     unset logscale x
     plot csv using (in("f", "sms")):"dispatch_gbs" smooth unique with linespoints lw 2 title "ours: dispatch", \
          csv using (in("f", "sms")):"combine_gbs" smooth unique with linespoints lw 2 title "ours: combine", \
+         csv using (in_pull("sms")):"combine_gbs" smooth unique with linespoints lw 2 title "ours: combine, pull (group p)", \
          csv using (in("f", "sms")):"raw_nccl_gbs" smooth unique with linespoints dt 3 lw 2 title "raw NCCL send/recv", \
          csv using (in("f", "sms")):"ceiling_gbs" smooth unique with linespoints dt 4 lw 2 title "copy-engine ceiling"
     done = done." ".outdir."/gbs_vs_sms.png"

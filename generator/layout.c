@@ -13,10 +13,11 @@
 #define SG_REGION_ALIGN 256
 /* Bytes of the per-variant state record (see STATE in templates/variant.cu.in). */
 #define SG_STATE_BYTES 256
-/* Signal kinds: dispatch rows arrived. The counts carry their call in each
- * 8-byte word, and combine waits per COMBINE_IN slot on combine_flags:
- * neither needs a signal. */
-#define SG_SIGNAL_KINDS 1
+/* Signal kinds: dispatch rows arrived; with combine = "pull", also "y is
+ * ready" (its offset beside the call) and "done reading a peer's y". The
+ * counts carry their call in each 8-byte word, and a pushing combine waits
+ * per COMBINE_IN slot on combine_flags: neither needs a signal. */
+#define SG_SIGNAL_KINDS(v) ((v)->combine_pull ? 3 : 1)
 /* Bytes of one count: the count and its call's sequence number. */
 #define SG_COUNT_BYTES 8
 
@@ -74,7 +75,7 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     memset(out, 0, sizeof *out);
     out->worst_capacity = sg_worst_capacity(v);
 
-    place(out, SYMM_REGION_SIGNALS, "signals", SG_SIGNAL_KINDS * W * SG_SIGNAL_SLOT, true);
+    place(out, SYMM_REGION_SIGNALS, "signals", SG_SIGNAL_KINDS(v) * W * SG_SIGNAL_SLOT, true);
     /* One count row per (source rank, source block), two parities. */
     place(out, SYMM_REGION_COUNTS, "counts", 2 * W * (uint64_t)v->sms * count_row_words(v) * SG_COUNT_BYTES, true);
     place(out, SYMM_REGION_RECV_X, "recv_x", cap * H * elt, true);
@@ -85,12 +86,17 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
           v->weights ? (rank ? cap * K * 4 : cap * 4) : 0, true);
     place(out, SYMM_REGION_COMBINE_IN, "combine_in", (rank ? W * T : T * K) * H * celt, true);
     /* One 8-byte flag per COMBINE_IN slot: the call whose row has landed in
-     * it (combine sums each token as soon as its rows are in). */
-    place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", (rank ? W * T : T * K) * 8, true);
+     * it (combine sums each token as soon as its rows are in). A pulling
+     * combine reads the peers' y instead: no flags, and COMBINE_IN serves
+     * the NCCL backend only. */
+    place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", v->combine_pull ? 0 : (rank ? W * T : T * K) * 8, true);
     /* Layout expert: at a chain's head (a token's first row at a peer, which
      * alone crosses NVLink), the token's other rows there, which the
      * receiver fills from it (templates/variant.cu.in, DEDUP). */
     place(out, SYMM_REGION_RECV_CHAIN, "recv_chain", rank ? 0 : cap * (K - 1) * 4, true);
+    /* combine = "pull": a place for y that the peers can read (the user may
+     * put y anywhere else in the symmetric buffer too, recv_x included). */
+    place(out, SYMM_REGION_Y, "y", v->combine_pull ? cap * H * celt : 0, true);
 
     place(out, SYMM_REGION_STATE, "state", SG_STATE_BYTES, false);
     place(out, SYMM_REGION_EXPERT_COUNT, "expert_count", L * 4, false);

@@ -145,7 +145,11 @@ static void arguments(json *j, const sg_variant *v)
     argument(j, "recv_rows", false, "[1]", "int32", NULL);
     close_(j, ']');
     open_(j, "combine", '[', false);
-    argument(j, "y", false, ch, cdt, "may be recv_x when dtype == combine_dtype");
+    if (v->combine_pull)
+        argument(j, "y", true, ch, cdt, "combine = pull: inside the variant's symmetric buffer (region y, or "
+                 "recv_x when dtype == combine_dtype)");
+    else
+        argument(j, "y", false, ch, cdt, "may be recv_x when dtype == combine_dtype");
     argument(j, "out", false, th, cdt, NULL);
     close_(j, ']');
     close_(j, '}');
@@ -169,6 +173,7 @@ static void variant_members(json *j, const sg_variant *v, const sg_generated *g)
     str(j, "combine_dtype", sg_dtype_name(v->combine_dtype));
     str(j, "layout", sg_layout_name(v->layout));
     boolean(j, "weights", v->weights);
+    str(j, "combine", v->combine_pull ? "pull" : "push");
     num(j, "capacity", (long long)v->capacity);
     num(j, "worst_capacity", (long long)l.worst_capacity);
     num(j, "align", v->align);

@@ -42,6 +42,8 @@ typedef struct sg_variant {
     bool capacity_set;      /* capacity given in the spec (or by -D) */
     int align;              /* layout expert: segment alignment in rows (1 for rank) */
     int sms;                /* SM budget of the kernels */
+    bool combine_pull;      /* combine = "pull": each rank's combine reads the peers'
+                             * rows of y, which then live in the symmetric buffer */
 } sg_variant;
 
 /* A loaded spec: its path as given and its variants in declaration order. */

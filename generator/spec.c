@@ -58,16 +58,16 @@
 
 enum field {
     F_NAME, F_HIDDEN, F_TOPK, F_EXPERTS, F_WORLD, F_MAX_TOKENS, F_DTYPE,
-    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COUNT
+    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COUNT
 };
 
 static const char *const field_names[F_COUNT] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
-    "combine_dtype", "layout", "weights", "capacity", "align", "sms",
+    "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine",
 };
 
 #define ACCEPTED_FIELDS "name, hidden, topk, experts, world, max_tokens, dtype, " \
-                        "combine_dtype, layout, weights, capacity, align, sms"
+                        "combine_dtype, layout, weights, capacity, align, sms, combine"
 
 /* Integer fields and their ranges, checked one field at a time; the checks
  * that combine fields come after (check_combinations). */
@@ -92,6 +92,7 @@ static const struct int_rule {
 /* Indexed by symm_dtype and symm_layout; combine dtypes are the first three. */
 static const char *const dtype_names[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
 static const char *const layout_names[] = { "rank", "expert" };
+static const char *const combine_names[] = { "push", "pull" };
 
 #define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
 
@@ -1618,7 +1619,7 @@ static void check_ints(check *c, sg_variant *v, bool *ok)
     v->sms = (int)n[F_SMS];
 }
 
-/* dtype, combine_dtype, layout, weights. */
+/* dtype, combine_dtype, layout, weights, combine. */
 static void check_choices(check *c, sg_variant *v, bool *ok)
 {
     int dtype = SYMM_DTYPE_BF16, combine = -1, layout = SYMM_LAYOUT_RANK;
@@ -1641,6 +1642,11 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
     ok[F_WEIGHTS] = w->kind == RAW_ABSENT || w->kind == RAW_BOOL;
     if (!ok[F_WEIGHTS])
         got_expected(c, F_WEIGHTS, "true or false");
+
+    int pull = 0;
+    ok[F_COMBINE] = value_of(c, F_COMBINE)->kind == RAW_ABSENT ||
+                    take_choice(c, F_COMBINE, combine_names, 2, &pull);
+    v->combine_pull = pull == 1;
 }
 
 /* The largest max_tokens whose worst case fits both limits (0 if none). */

@@ -78,6 +78,7 @@ static const char *const region_names[SYMM_REGION_COUNT] = {
     [SYMM_REGION_LAYOUT_WORK] = "LAYOUT_WORK",
     [SYMM_REGION_COMBINE_FLAGS] = "COMBINE_FLAGS",
     [SYMM_REGION_RECV_CHAIN] = "RECV_CHAIN",
+    [SYMM_REGION_Y] = "Y",
 };
 
 /* Append to a growing string. */
@@ -204,6 +205,8 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
     sg_vars_set(out, "LAYOUT_EXPERT", "%s", v->layout == SYMM_LAYOUT_EXPERT ? "true" : "false");
     sg_vars_set(out, "WEIGHTS", "%s", v->weights ? "true" : "false");
     sg_vars_set(out, "WEIGHTS_INT", "%d", v->weights ? 1 : 0);
+    sg_vars_set(out, "COMBINE_PULL", "%s", v->combine_pull ? "true" : "false");
+    sg_vars_set(out, "COMBINE_PULL_INT", "%d", v->combine_pull ? 1 : 0);
     sg_vars_set(out, "SYMMETRIC_BYTES", "%llu", (unsigned long long)l.symmetric_bytes);
     sg_vars_set(out, "SCRATCH_BYTES", "%llu", (unsigned long long)l.scratch_bytes);
     set_region_vars(out, &l);

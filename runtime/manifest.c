@@ -54,10 +54,11 @@ static const struct {
     [SYMM_REGION_LAYOUT_WORK] = {"layout_work", "LAYOUT_WORK", 0},
     [SYMM_REGION_COMBINE_FLAGS] = {"combine_flags", "COMBINE_FLAGS", 1},
     [SYMM_REGION_RECV_CHAIN] = {"recv_chain", "RECV_CHAIN", 1},
+    [SYMM_REGION_Y] = {"y", "Y", 1},
 };
 #define REGION_NAMES "signals, counts, recv_x, recv_scales, recv_src, recv_topk_idx, recv_weights, " \
                      "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
-                     "recv_chain"
+                     "recv_chain, y"
 
 /* Indexed by symm_dtype and symm_layout. */
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};
@@ -231,7 +232,7 @@ static bool is_identifier(const char *s)
 typedef struct params {
     int64_t hidden, topk, experts, world, max_tokens, capacity, worst_capacity, align, sms;
     int64_t symmetric_bytes, scratch_bytes;
-    int dtype, combine_dtype, layout, weights;
+    int dtype, combine_dtype, layout, weights, combine_pull;
 } params;
 
 static symm_status read_params(const reader *r, const symm_json *obj, params *p)
@@ -246,6 +247,11 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
                         &p->combine_dtype));
     SYMM_TRY(get_choice(r, obj, "layout", layout_names, 2, "", &p->layout));
     SYMM_TRY(get_bool(r, obj, "weights", &p->weights));
+    /* "combine" came with combine = "pull"; a manifest without it pushes. */
+    static const char *const combine_names[] = {"push", "pull"};
+    p->combine_pull = 0;
+    if (symm_json_member(obj, "combine", NULL))
+        SYMM_TRY(get_choice(r, obj, "combine", combine_names, 2, "", &p->combine_pull));
     SYMM_TRY(get_int(r, obj, "capacity", 1, INT32_MAX, &p->capacity));
     SYMM_TRY(get_int(r, obj, "worst_capacity", 1, INT32_MAX, &p->worst_capacity));
     SYMM_TRY(get_int(r, obj, "align", 1, 4096, &p->align));
@@ -437,6 +443,7 @@ static symm_status read_variant(reader *r, const symm_json *obj, size_t index, e
         .combine_dtype = (symm_dtype)p.combine_dtype,
         .layout = (symm_layout)p.layout,
         .weights = p.weights,
+        .combine_pull = p.combine_pull,
         .align = (int)p.align,
         .sms = (int)p.sms,
         .capacity = p.capacity,
@@ -713,6 +720,7 @@ symm_status symm_desc_check_source(const symm_variant_desc *d)
     SYMM_TRY(check_constant(d, "constexpr bool LAYOUT_EXPERT = ", "layout",
                             d->layout == SYMM_LAYOUT_EXPERT ? "true" : "false", ";"));
     SYMM_TRY(check_constant(d, "constexpr bool WEIGHTS = ", "weights", d->weights ? "true" : "false", ";"));
+    SYMM_TRY(check_constant(d, "constexpr bool COMBINE_PULL = ", "combine", d->combine_pull ? "true" : "false", ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->dtype);
     SYMM_TRY(check_constant(d, "constexpr Dtype DTYPE = ", "dtype", value, ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->combine_dtype);

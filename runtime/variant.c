@@ -451,6 +451,21 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     if (misaligned(y, 16) || misaligned(out, 16))
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s %p: expected 16-byte alignment", name,
                          misaligned(y, 16) ? "y" : "out", misaligned(y, 16) ? y : out);
+    if (v->desc->combine_pull) {
+        /* The peers read y where it is: inside this variant's symmetric
+         * buffer, all of its capacity rows (either backend: the manifest
+         * declares y symmetric). */
+        const symm_variant_desc *d = v->desc;
+        const CUdeviceptr base = symm_alloc_local(v->alloc), at = (CUdeviceptr)y;
+        const uint64_t need = (uint64_t)d->capacity * (uint64_t)d->hidden * symm_dtype_size(d->combine_dtype);
+        if (at < base || need > d->symmetric_bytes || at - base > d->symmetric_bytes - need)
+            return symm_fail(SYMM_ERR_INVALID_ARG,
+                             "%s combine: y %p (%llu bytes: capacity %lld rows) is not inside the variant's "
+                             "symmetric buffer [0x%llx, 0x%llx): with combine = \"pull\" the peers read y "
+                             "there; write it to symm_recv_buffers.y (or recv_x when dtype == combine_dtype)",
+                             name, y, (unsigned long long)need, (long long)d->capacity, (unsigned long long)base,
+                             (unsigned long long)(base + d->symmetric_bytes));
+    }
     if (v->backend == SYMM_BACKEND_NCCL) {
         SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "combine"));
         /* After a failed dispatch there is no dispatch to combine, but the
@@ -507,6 +522,7 @@ symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out)
     out->expert_count = region_ptr(v, SYMM_REGION_EXPERT_COUNT);
     out->expert_offset = v->desc->layout == SYMM_LAYOUT_EXPERT ? region_ptr(v, SYMM_REGION_EXPERT_OFFSET) : 0;
     out->rows = region_ptr(v, SYMM_REGION_STATE) + offsetof(device_state, recv_rows);
+    out->y = region_ptr(v, SYMM_REGION_Y);
     return SYMM_OK;
 }
 

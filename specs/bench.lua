@@ -13,6 +13,8 @@
 --   (f) SMs       bench_dsv3_prefill_smsN     (a) at sms 8, 16, 32, 48, 64
 --                                             (24 is (a) itself)
 --   (g) expert    bench_dsv3_*_expert         (a) and (b) with layout expert
+--   (p) pull      bench_dsv3_*_pull           (a), (b), (f) at 8 and 16 SMs and (g)
+--                                             with combine = "pull" (bench/NOTES.md 46)
 --
 -- Everything is bf16 dispatch and combine with top-k weights and the
 -- worst-case capacity (no routing can overflow), world 2, sms 24 unless
@@ -52,3 +54,15 @@ end
 -- differs from (a) and (b).
 layout(bench("bench_dsv3_prefill_expert", dsv3, { max_tokens = PREFILL, layout = "expert" }))
 layout(bench("bench_dsv3_decode_expert", dsv3, { max_tokens = DECODE, layout = "expert" }))
+
+-- combine = "pull": each rank's combine reads its peers' rows of y (y in the
+-- symmetric buffer) instead of the peers pushing them back, so an SM stores
+-- only the output (bench/NOTES.md 46). The same shapes as (a), (b), (f) at 8
+-- and 16 SMs and (g).
+layout(bench("bench_dsv3_prefill_pull", dsv3, { max_tokens = PREFILL, combine = "pull" }))
+layout(bench("bench_dsv3_decode_pull", dsv3, { max_tokens = DECODE, combine = "pull" }))
+for _, sms in ipairs({ 8, 16 }) do
+  layout(bench("bench_dsv3_prefill_sms" .. sms .. "_pull", dsv3, { max_tokens = PREFILL, sms = sms, combine = "pull" }))
+end
+layout(bench("bench_dsv3_prefill_expert_pull", dsv3, { max_tokens = PREFILL, layout = "expert", combine = "pull" }))
+layout(bench("bench_dsv3_decode_expert_pull", dsv3, { max_tokens = DECODE, layout = "expert", combine = "pull" }))

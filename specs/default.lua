@@ -5,7 +5,8 @@
 -- fp16, fp32, fp8_e4m3), a few combine dtypes, both receive layouts, with
 -- and without top-k weights, on 2 and 4 ranks, two variants per world whose
 -- capacity is below the worst case (one per layout), expert layouts with
--- aligned segments, and a variant per world on 2 SMs.
+-- aligned segments, a variant per world on 2 SMs, and combines that pull
+-- (one per layout and world).
 --
 -- Names read dtype_layout_wWORLD (plus what is special about the variant).
 -- See specs/tutorial.lua for what each field means.
@@ -52,6 +53,11 @@ for _, w in ipairs({ 2, 4 }) do
   -- Few SMs: combine sums several tokens a unit and the last ones one a
   -- unit, which the wider variants reach only at thousands of tokens.
   layout(with(mid, { name = "bf16_rank_sms2" .. s, world = w, sms = 2 }))
+  -- combine = "pull": each rank's combine reads its peers' rows of y, which
+  -- then lives in the symmetric buffer.
+  layout(with(mid, { name = "bf16_rank_pull" .. s, world = w, combine = "pull" }))
+  layout(with(small, { name = "fp16_expert_a8_pull" .. s, world = w, dtype = "fp16", layout = "expert",
+                       align = 8, combine = "pull" }))
 end
 
 -- Top-8 over 64 experts at the largest hidden size of the set, with segments

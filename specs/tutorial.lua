@@ -42,12 +42,18 @@
 --                 multiple of this many rows (default 1; 64 or 128 match
 --                 grouped-GEMM tiles).
 --   sms           how many SMs the kernels may use (default 24).
+--   combine       how combine brings each token's rows back to it:
+--                   "push" (default) the rank that holds a row sends it back;
+--                          y may be any device memory;
+--                   "pull" each rank reads its tokens' rows from its peers'
+--                          y, storing half as much (bench/NOTES.md 46), so y
+--                          must lie in the variant's symmetric buffer.
 --
 -- A mistake is reported with the file, the line of the layout call, the
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:63: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:69: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --

@@ -52,6 +52,7 @@ typedef enum symm_region {
     SYMM_REGION_LAYOUT_WORK,    /* local: layout counters that do not fit in shared memory */
     SYMM_REGION_COMBINE_FLAGS,  /* sym: per COMBINE_IN slot, the call whose row has landed there */
     SYMM_REGION_RECV_CHAIN,     /* sym: layout expert: [capacity, topk - 1] int32 rows a chain's head fills */
+    SYMM_REGION_Y,              /* sym: combine = "pull": [capacity, hidden] combine dtype, a place for y */
     SYMM_REGION_COUNT
 } symm_region;
 

@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 /* Version of symm_variant_desc; a stub built for another version is refused. */
-#define SYMM_DESC_ABI 2
+#define SYMM_DESC_ABI 3
 
 typedef struct symm_region_desc {
     uint64_t offset; /* from the start of the symmetric buffer or of the scratch */
@@ -58,6 +58,8 @@ typedef struct symm_variant_desc {
     symm_dtype dtype, combine_dtype;
     symm_layout layout;
     int weights, align, sms;
+    int combine_pull;           /* combine = "pull": combine reads the peers' y, which
+                                   must lie in the variant's symmetric buffer */
     int64_t capacity, worst_capacity;
     uint64_t symmetric_bytes;   /* per rank, before rounding to the VMM granularity */
     uint64_t scratch_bytes;     /* per rank, local device memory */
@@ -117,7 +119,11 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
 
 /* Combine: y [capacity, hidden] combine dtype, aligned with recv_x (any
  * device memory, recv_x itself included when the dtypes agree); out
- * [T, hidden] combine dtype with T of the last dispatch. */
+ * [T, hidden] combine dtype with T of the last dispatch. A variant with
+ * combine = "pull" (desc->combine_pull) reads its peers' y where they are:
+ * y must then lie, all capacity rows of it, inside the variant's symmetric
+ * buffer (symm_recv_buffers.y, or recv_x), else SYMM_ERR_INVALID_ARG names
+ * it; ranks may put it at different places there. */
 symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 
 /* Where the results of the last dispatch live (device pointers owned by the
@@ -131,6 +137,8 @@ typedef struct symm_recv_buffers {
     CUdeviceptr expert_count; /* [local experts] int32 */
     CUdeviceptr expert_offset;/* layout expert: [local experts] int32; else 0 */
     CUdeviceptr rows;         /* int32: rows received (see symm_variant_stats) */
+    CUdeviceptr y;            /* combine = "pull": [capacity, hidden] combine dtype, a place
+                                 for combine's y in the symmetric buffer; else 0 */
 } symm_recv_buffers;
 
 symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out);

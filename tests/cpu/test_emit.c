@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "moe_inputs.h"
 #include "sg.h"
 #include "sha256.h"
@@ -415,6 +416,114 @@ Test(generate, same_variant_gives_identical_bytes)
     cr_assert_str_eq(a.content_sha256, b.content_sha256);
     sg_generated_free(&a);
     sg_generated_free(&b);
+}
+
+/* The element of a JSON array whose "name" is name, or NULL. */
+static const symm_json *named(const symm_json *array, const char *name)
+{
+    cr_assert(array && array->type == SYMM_JSON_ARRAY, "expected an array holding %s", name);
+    for (const symm_json *e = array->first; e; e = e->next) {
+        const symm_json *n = symm_json_member(e, "name", NULL);
+        if (n && n->type == SYMM_JSON_STRING && strcmp(n->str, name) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static int64_t json_int(const symm_json *obj, const char *key)
+{
+    const symm_json *v = symm_json_member(obj, key, NULL);
+    cr_assert(v && v->type == SYMM_JSON_NUMBER && v->is_int, "no integer \"%s\"", key);
+    return v->integer;
+}
+
+static bool json_bool(const symm_json *obj, const char *key)
+{
+    const symm_json *v = symm_json_member(obj, key, NULL);
+    cr_assert(v && v->type == SYMM_JSON_BOOL, "no boolean \"%s\"", key);
+    return v->boolean;
+}
+
+/* combine = "pull": the peers read y, so y lives in the symmetric buffer.
+ * For a random shape and its pulling twin, the manifest says so ("combine",
+ * the y argument's "symmetric", a region y of [capacity, hidden] combine
+ * dtype, no combine_flags, three signals per rank instead of one), the .cu
+ * declares COMBINE_PULL and Y as the runtime checks them, and the stub sets
+ * combine_pull. The pushing variant keeps y anywhere and has no region y. */
+Test(generate, combine_pull_puts_y_in_the_symmetric_buffer)
+{
+    sg_variant vs[2];
+    random_variant(&vs[0], 4);
+    vs[1] = vs[0];
+    FMT(vs[1].name, "%s_pull", vs[0].name);
+    vs[1].combine_pull = true;
+    sg_generated g[2];
+    sg_diag diag = {0};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(sg_generate_variant(sg_embedded_templates, &vs[i], "s.lua", &g[i], &diag), SG_EXIT_OK, "%s",
+                     diag.count ? diag.messages[0] : "");
+    sg_buf text = {0};
+    sg_manifest("s.lua", g, 2, &text);
+    symm_json_doc *doc;
+    int line, col;
+    char why[256];
+    cr_assert_eq(symm_json_parse(text.data, text.len, &doc, &line, &col, why, sizeof why), SYMM_JSON_OK,
+                 "%d:%d: %s", line, col, why);
+    const symm_json *variants = symm_json_member(symm_json_root(doc), "variants", NULL);
+    for (int i = 0; i < 2; i++) {
+        const sg_variant *v = &vs[i];
+        const bool pull = v->combine_pull;
+        const uint64_t W = (uint64_t)v->world, T = (uint64_t)v->max_tokens, K = (uint64_t)v->topk;
+        const uint64_t slots = v->layout == SYMM_LAYOUT_RANK ? W * T : T * K;
+        const uint64_t y_bytes = (uint64_t)v->capacity * (uint64_t)v->hidden * (uint64_t)symm_dtype_size(v->combine_dtype);
+        const symm_json *obj = named(variants, v->name);
+        cr_assert(obj, "the manifest has no variant %s:\n%s", v->name, text.data);
+
+        const symm_json *combine = symm_json_member(obj, "combine", NULL);
+        cr_assert(combine && combine->type == SYMM_JSON_STRING && strcmp(combine->str, pull ? "pull" : "push") == 0,
+                  "%s: \"combine\" is not \"%s\"", v->name, pull ? "pull" : "push");
+        const symm_json *args = symm_json_member(symm_json_member(obj, "arguments", NULL), "combine", NULL);
+        const symm_json *y = named(args, "y"), *out = named(args, "out");
+        cr_assert(y && out, "%s: combine lacks y or out", v->name);
+        cr_assert_eq(json_bool(y, "symmetric"), pull, "%s: combine's y: \"symmetric\" must be %s", v->name,
+                     pull ? "true" : "false");
+        cr_assert(!json_bool(out, "symmetric"), "%s: combine's out is never symmetric", v->name);
+
+        const symm_json *regions = symm_json_member(obj, "regions", NULL);
+        const symm_json *ry = named(regions, "y"), *flags = named(regions, "combine_flags");
+        const symm_json *signals = named(regions, "signals");
+        cr_assert(signals, "%s: no region signals", v->name);
+        cr_assert_eq((uint64_t)json_int(signals, "bytes"), (pull ? 3 : 1) * W * 128, "%s: signals", v->name);
+        sg_layout l;
+        sg_layout_compute(v, &l);
+        if (pull) {
+            cr_assert(ry, "%s: no region y", v->name);
+            cr_assert(!flags, "%s: a pulling combine has no combine_flags", v->name);
+            cr_assert_eq((uint64_t)json_int(ry, "bytes"), y_bytes, "%s: region y has %lld bytes, expected %llu",
+                         v->name, (long long)json_int(ry, "bytes"), (unsigned long long)y_bytes);
+            cr_assert(json_bool(ry, "symmetric"), "%s: region y must be symmetric", v->name);
+            cr_assert_eq((uint64_t)json_int(ry, "offset"), l.regions[SYMM_REGION_Y].offset);
+            cr_assert_leq((uint64_t)json_int(ry, "offset") + y_bytes, (uint64_t)json_int(obj, "symmetric_bytes"));
+        } else {
+            cr_assert(!ry, "%s: a pushing combine has no region y", v->name);
+            cr_assert(flags && (uint64_t)json_int(flags, "bytes") == slots * 8, "%s: combine_flags", v->name);
+        }
+
+        /* What the runtime checks the descriptor against. */
+        char want[128];
+        FMT(want, "\nconstexpr bool COMBINE_PULL = %s;\n", pull ? "true" : "false");
+        cr_assert(strstr(g[i].cu.data, want), "%s.cu lacks %s", v->name, want + 1);
+        FMT(want, "\nconstexpr u64 Y_OFF = %llu; // symmetric\nconstexpr u64 Y_BYTES = %llu;\n",
+            (unsigned long long)l.regions[SYMM_REGION_Y].offset, pull ? (unsigned long long)y_bytes : 0ull);
+        cr_assert(strstr(g[i].cu.data, want), "%s.cu lacks %s", v->name, want + 1);
+        FMT(want, ".combine_pull = %d,", pull ? 1 : 0);
+        cr_assert(strstr(g[i].c.data, want), "%s.c lacks %s", v->name, want);
+    }
+    symm_json_free(doc);
+    sg_buf_free(&text);
+    for (int i = 0; i < 2; i++)
+        sg_generated_free(&g[i]);
+    sg_diag_free(&diag);
 }
 
 /* ---- the output directory ------------------------------------------------ */

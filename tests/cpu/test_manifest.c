@@ -27,7 +27,7 @@
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "14eafabfd48fe44f885a84d56a50b182a953b6b2585e8975c1e8cbfed32ad691"
+#define RANK_SHA "7fea4ab4aaf55c4d6ff5567a36a1d66c3b2e6319facbf40f387052b7baadcb30"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -140,7 +140,8 @@ static void expect_regions(const symm_variant_desc *d, const want_region *want, 
     }
     for (int id = 0; id < SYMM_REGION_COUNT; id++) {
         const symm_region_desc *r = &d->regions[id];
-        const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS || id == SYMM_REGION_RECV_CHAIN;
+        const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS ||
+                               id == SYMM_REGION_RECV_CHAIN || id == SYMM_REGION_Y;
         cr_assert_eq(r->symmetric, symmetric, "%s: region %d: symmetric %d", d->name, id, r->symmetric);
         if (!listed[id])
             cr_assert(r->offset == 0 && r->bytes == 0, "%s: region %d is not listed, expected it empty", d->name, id);
@@ -183,6 +184,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     cr_assert(d->hidden == 256 && d->topk == 2 && d->experts == 8 && d->world == 2 && d->max_tokens == 16);
     cr_assert(d->dtype == SYMM_DTYPE_BF16 && d->combine_dtype == SYMM_DTYPE_BF16 && d->layout == SYMM_LAYOUT_RANK);
     cr_assert(d->weights == 1 && d->align == 1 && d->sms == 24 && d->capacity == 32 && d->worst_capacity == 32);
+    cr_assert_eq(d->combine_pull, 0, "\"combine\": \"push\" reads as combine_pull 0");
     cr_assert(d->symmetric_bytes == 35072 && d->scratch_bytes == 1024);
     static const want_region rank_regions[] = {
         {SYMM_REGION_SIGNALS, 0, 768},         {SYMM_REGION_COUNTS, 768, 32},
@@ -203,6 +205,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     cr_assert(d->dtype == SYMM_DTYPE_FP8_E4M3 && d->combine_dtype == SYMM_DTYPE_FP16 &&
               d->layout == SYMM_LAYOUT_EXPERT);
     cr_assert(d->weights == 1 && d->align == 4 && d->sms == 8 && d->capacity == 40 && d->worst_capacity == 70);
+    cr_assert_eq(d->combine_pull, 0, "a variant without \"combine\" pushes");
     cr_assert(d->symmetric_bytes == 30208 && d->scratch_bytes == 1280);
     static const want_region expert_regions[] = {
         {SYMM_REGION_SIGNALS, 0, 1536},         {SYMM_REGION_COUNTS, 1536, 256},
@@ -215,8 +218,43 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "c649d0b776f8d66cd18bb4197917075e4557f92980306d3e1f7fe046836a60e7");
+                  "21aa135e4c6b004dd56db53ab8a8b5819b273bb2b600b85dc0b4c35fae644cb6");
     symm_manifest_close(m);
+}
+
+/* "combine": "pull" sets combine_pull; "push" and a manifest without the
+ * member (written before combine = "pull" existed) push. */
+Test(manifest, combine_is_read_and_a_manifest_without_it_pushes)
+{
+    char *text = slurp(FIXTURE, NULL);
+    static const struct {
+        const char *from, *to;
+        int rank, expert; /* combine_pull of tiny_rank and tiny_expert_fp8 */
+    } cases[] = {
+        {"\"combine\": \"push\"", "\"combine\": \"push\"", 0, 0},
+        {"\"combine\": \"push\"", "\"combine\": \"pull\"", 1, 0},
+        {"      \"combine\": \"push\",\n", "", 0, 0},
+        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"pull\",", 0, 1},
+        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"push\",", 0, 0},
+    };
+    scratch s;
+    scratch_make(&s);
+    for (size_t i = 0; i < SYMM_ARRAY_LEN(cases); i++) {
+        char *edited = replace_once(text, cases[i].from, cases[i].to);
+        scratch_write(&s, edited);
+        symm_manifest *m;
+        cr_assert_eq(symm_manifest_open(s.manifest, &m), SYMM_OK, "case %zu: %s", i, symm_last_error());
+        const symm_variant_desc *rank, *expert;
+        cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &rank), SYMM_OK, "%s", symm_last_error());
+        cr_assert_eq(symm_manifest_variant(m, "tiny_expert_fp8", &expert), SYMM_OK, "%s", symm_last_error());
+        cr_assert(rank->combine_pull == cases[i].rank && expert->combine_pull == cases[i].expert,
+                  "case %zu (%s): combine_pull %d and %d, expected %d and %d", i, cases[i].to, rank->combine_pull,
+                  expert->combine_pull, cases[i].rank, cases[i].expert);
+        symm_manifest_close(m);
+        free(edited);
+    }
+    free(text);
+    wf_rmtree(s.dir);
 }
 
 Test(manifest, nvrtc_options_are_the_generators)
@@ -348,6 +386,7 @@ static void random_variant(uint64_t *rng, int index, sg_variant *v)
     v->capacity = 1 + (int64_t)below(rng, (uint64_t)sg_worst_capacity(v));
     v->capacity_set = true;
     v->sms = 1 + (int)below(rng, 132);
+    v->combine_pull = below(rng, 2);
 }
 
 /* Source text of random printable characters and newlines (never NUL). */
@@ -371,7 +410,8 @@ static void expect_desc_of(const symm_variant_desc *d, const sg_variant *v, cons
     cr_assert(d->hidden == v->hidden && d->topk == v->topk && d->experts == v->experts && d->world == v->world &&
               d->max_tokens == v->max_tokens, "%s: shape differs", v->name);
     cr_assert(d->dtype == v->dtype && d->combine_dtype == v->combine_dtype && d->layout == v->layout &&
-              d->weights == (int)v->weights && d->align == v->align && d->sms == v->sms, "%s: kind differs", v->name);
+              d->weights == (int)v->weights && d->align == v->align && d->sms == v->sms &&
+              d->combine_pull == (int)v->combine_pull, "%s: kind differs", v->name);
     cr_assert(d->capacity == v->capacity && d->worst_capacity == l.worst_capacity, "%s: capacity %lld/%lld",
               v->name, (long long)d->capacity, (long long)d->worst_capacity);
     cr_assert(d->symmetric_bytes == l.symmetric_bytes && d->scratch_bytes == l.scratch_bytes, "%s: sizes", v->name);
@@ -386,7 +426,9 @@ static void expect_desc_of(const symm_variant_desc *d, const sg_variant *v, cons
 
 /* The regions the kernels index (templates/variant.cu.in) have exactly the
  * sizes docs/protocol.md gives them, for random variants: 128 bytes per
- * signal (the rows signal alone), one 8-byte word per count (the count
+ * signal (the rows signal alone; with combine = "pull" also "y is ready" and
+ * "done reading y", while combine_flags goes and region y holds [capacity,
+ * hidden] of the combine dtype), one 8-byte word per count (the count
  * beside its call) in [2][W][SMS][bins + expert words], and so on. A kernel that indexed
  * a region by another rule would write out of bounds on the GPU; this
  * catches the generator's side of such a change without one. */
@@ -407,27 +449,33 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
          * the block's rows per local expert of the receiver. */
         const uint64_t words = bins + (rank && v.experts <= 1024 ? (uint64_t)(v.experts / v.world) : 0);
         const uint64_t slots = rank ? W * T : T * K;
+        const uint64_t celt = (uint64_t)symm_dtype_size(v.combine_dtype);
+        const bool pull = v.combine_pull;
         const struct {
             symm_region id;
             uint64_t bytes;
         } want[] = {
-            {SYMM_REGION_SIGNALS, W * 128},
+            {SYMM_REGION_SIGNALS, (pull ? 3 : 1) * W * 128},
             {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * words * 8},
             {SYMM_REGION_RECV_X, cap * H * (uint64_t)symm_dtype_size(v.dtype)},
             {SYMM_REGION_RECV_SRC, cap * 16},
-            {SYMM_REGION_COMBINE_IN, slots * H * (uint64_t)symm_dtype_size(v.combine_dtype)},
-            {SYMM_REGION_COMBINE_FLAGS, slots * 8},
+            {SYMM_REGION_COMBINE_IN, slots * H * celt},
+            {SYMM_REGION_COMBINE_FLAGS, pull ? 0 : slots * 8},
+            {SYMM_REGION_Y, pull ? cap * H * celt : 0},
             {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (K - 1) * 4},
             {SYMM_REGION_EXPERT_COUNT, (uint64_t)(v.experts / v.world) * 4},
         };
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
             cr_assert_eq(l.regions[want[k].id].bytes, want[k].bytes,
-                         "seed %llu, variant %d (world %d, sms %d, %s): region %s has %llu bytes, the protocol "
-                         "%llu", (unsigned long long)seed, i, v.world, v.sms, rank ? "rank" : "expert",
+                         "seed %llu, variant %d (world %d, sms %d, %s, %s): region %s has %llu bytes, the "
+                         "protocol %llu", (unsigned long long)seed, i, v.world, v.sms, rank ? "rank" : "expert",
+                         pull ? "pull" : "push",
                          l.regions[want[k].id].name, (unsigned long long)l.regions[want[k].id].bytes,
                          (unsigned long long)want[k].bytes);
         /* The state record holds the profile's 16 slots after its first 128 bytes. */
         cr_assert_geq(l.regions[SYMM_REGION_STATE].bytes, 128 + 16 * 8);
+        /* The peers read y there: it lives in the symmetric buffer. */
+        cr_assert(l.regions[SYMM_REGION_Y].symmetric, "region y must be symmetric");
         /* Regions of one buffer are aligned and do not overlap. */
         for (int a = 0; a < SYMM_REGION_COUNT; a++) {
             const sg_region *ra = &l.regions[a];
@@ -596,6 +644,13 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
          "variant tiny_rank: field combine_dtype: got \"fp8_e4m3\", expected bf16, fp16 or fp32 (fp8_e4m3 is a dispatch dtype only)"},
         {"\"layout\": \"rank\"", "\"layout\": \"Rank\"", "variant tiny_rank: field layout: got \"Rank\", expected rank or expert"},
         {"\"weights\": true", "\"weights\": 1", "variant tiny_rank: field weights: got 1, expected true or false"},
+        {"\"combine\": \"push\"", "\"combine\": \"sideways\"",
+         "variant tiny_rank: field combine: got \"sideways\", expected push or pull"},
+        {"\"combine\": \"push\"", "\"combine\": \"Pull\"", "variant tiny_rank: field combine: got \"Pull\", expected push or pull"},
+        {"\"combine\": \"push\"", "\"combine\": true", "variant tiny_rank: field combine: got true, expected push or pull"},
+        {"\"combine\": \"push\"", "\"combine\": null", "variant tiny_rank: field combine: got null, expected push or pull"},
+        {"\"combine\": \"push\",", "\"combine\": \"push\", \"combine\": \"pull\",",
+         "variant tiny_rank: field combine: given 2 times, expected once"},
         {"\"world\": 2", "\"world\": 3", "variant tiny_rank: field experts: got 8, expected a multiple of world (3)"},
         {"\"topk\": 2", "\"topk\": 9", "variant tiny_rank: field topk: got 9, expected 1..8 (at most experts)"},
         {"\"hidden\": 256", "\"hidden\": 260",
@@ -640,8 +695,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"14ea", "\"source_sha256\": \"14EA",
-         "variant tiny_rank: field source_sha256: got \"14EAfabfd48fe44f885a84d56a50b182a953b6b2\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"7fea", "\"source_sha256\": \"7FEA",
+         "variant tiny_rank: field source_sha256: got \"7FEA4ab4aaf55c4d6ff5567a36a1d66c3b2e6319\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1110,7 +1165,7 @@ static const char *const region_enum[SYMM_REGION_COUNT] = {
     "SYMM_REGION_RECV_WEIGHTS", "SYMM_REGION_COMBINE_IN",    "SYMM_REGION_STATE",
     "SYMM_REGION_EXPERT_COUNT", "SYMM_REGION_EXPERT_OFFSET", "SYMM_REGION_TOKEN_ROUTE",
     "SYMM_REGION_TOKEN_WEIGHTS", "SYMM_REGION_LAYOUT_WORK", "SYMM_REGION_COMBINE_FLAGS",
-    "SYMM_REGION_RECV_CHAIN",
+    "SYMM_REGION_RECV_CHAIN",   "SYMM_REGION_Y",
 };
 
 static void expect_in_stub(const char *stub, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1138,7 +1193,8 @@ static void expect_stub_matches(const symm_variant_desc *d, const char *stub)
                    ".max_tokens = %d,", d->hidden, d->topk, d->experts, d->world, d->max_tokens);
     expect_in_stub(stub, n, ".dtype = %s,\n    .combine_dtype = %s,\n    .layout = %s,", dtype_enum[d->dtype],
                    dtype_enum[d->combine_dtype], d->layout == SYMM_LAYOUT_RANK ? "SYMM_LAYOUT_RANK" : "SYMM_LAYOUT_EXPERT");
-    expect_in_stub(stub, n, ".weights = %d,\n    .align = %d,\n    .sms = %d,", d->weights, d->align, d->sms);
+    expect_in_stub(stub, n, ".weights = %d,\n    .combine_pull = %d,\n    .align = %d,\n    .sms = %d,", d->weights,
+                   d->combine_pull, d->align, d->sms);
     expect_in_stub(stub, n, ".capacity = %lld,\n    .worst_capacity = %lld,", (long long)d->capacity,
                    (long long)d->worst_capacity);
     expect_in_stub(stub, n, ".symmetric_bytes = %lluu,\n    .scratch_bytes = %lluu,",
@@ -1376,6 +1432,7 @@ Test(manifest, descriptor_must_match_the_constants_of_its_source)
         PERTURB("sms", e.sms += 1);
         PERTURB("layout", e.layout = e.layout == SYMM_LAYOUT_RANK ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK);
         PERTURB("weights", e.weights = !e.weights);
+        PERTURB("combine", e.combine_pull = !e.combine_pull);
         PERTURB("dtype", e.dtype = e.dtype == SYMM_DTYPE_BF16 ? SYMM_DTYPE_FP16 : SYMM_DTYPE_BF16);
         PERTURB("combine_dtype",
                 e.combine_dtype = e.combine_dtype == SYMM_DTYPE_FP32 ? SYMM_DTYPE_BF16 : SYMM_DTYPE_FP32);
@@ -1403,6 +1460,50 @@ Test(manifest, descriptor_must_match_the_constants_of_its_source)
         e.source = src;
         expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
                        "its CUDA source declares no \"constexpr int SMS = \" (descriptor field sms: ");
+        free(src);
+    }
+    symm_manifest_close(m);
+}
+
+/* combine = "pull" against the source's COMBINE_PULL: a pulling descriptor
+ * with a pushing source (or the other way round) would have its peers read
+ * a y that was never offered, or wait on flags nobody sets. */
+Test(manifest, combine_pull_must_match_the_sources_constant)
+{
+    symm_manifest *m;
+    const symm_variant_desc *d;
+    cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
+    const char *names[] = {"tiny_rank", "tiny_expert_fp8"};
+    for (size_t v = 0; v < 2; v++) {
+        cr_assert_eq(symm_manifest_variant(m, names[v], &d), SYMM_OK, "%s", symm_last_error());
+        cr_assert_eq(d->combine_pull, 0);
+        symm_variant_desc e = *d;
+        char want[256];
+        /* A pushing source: only combine_pull 0 passes. */
+        e.combine_pull = 1;
+        expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
+                       "descriptor field combine is true, its CUDA source was generated with "
+                       "\"constexpr bool COMBINE_PULL = false;\"");
+        /* The same source made to pull: now only combine_pull 1 passes. */
+        char *src = replace_once(d->source, "\nconstexpr bool COMBINE_PULL = false;\n",
+                                 "\nconstexpr bool COMBINE_PULL = true;\n");
+        e.source = src;
+        e.combine_pull = 1;
+        cr_assert_eq(symm_desc_check_source(&e), SYMM_OK, "%s: %s", names[v], symm_last_error());
+        e.combine_pull = 0;
+        expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
+                       "descriptor field combine is false, its CUDA source was generated with "
+                       "\"constexpr bool COMBINE_PULL = true;\"");
+        free(src);
+        /* A source from before combine = "pull": no constant at all. */
+        src = replace_once(d->source, "\nconstexpr bool COMBINE_PULL = false;\n", "\n");
+        e.source = src;
+        for (int pull = 0; pull < 2; pull++) {
+            e.combine_pull = pull;
+            snprintf(want, sizeof want, "variant %s: its CUDA source declares no \"constexpr bool COMBINE_PULL = \" "
+                     "(descriptor field combine: %s)", names[v], pull ? "true" : "false");
+            expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant", want);
+        }
         free(src);
     }
     symm_manifest_close(m);

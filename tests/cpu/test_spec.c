@@ -150,9 +150,9 @@ static bool has_message(const char *want)
               diag.count, messages())
 
 /* Every field of a layout, as spec.c names them. */
-static const char *const field_names_for_test[13] = {
+static const char *const field_names_for_test[14] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
-    "combine_dtype", "layout", "weights", "capacity", "align", "sms",
+    "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine",
 };
 
 /* A valid random shape: the required fields. */
@@ -217,14 +217,14 @@ Test(spec, valid_variant_keeps_every_field)
     static const char *const dtypes[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
     shape s = random_shape();
     int dt = (int)rnd(0, 3), ct = (int)rnd(0, 2), expert = (int)rnd(0, 1), weights = (int)rnd(0, 1);
-    int align = expert ? (int)rnd(2, 256) : 1, sms = (int)rnd(1, 1024);
+    int align = expert ? (int)rnd(2, 256) : 1, sms = (int)rnd(1, 1024), pull = (int)rnd(0, 1);
     int64_t worst = expert ? worst_expert(&s, align) : worst_rank(&s);
     int64_t capacity = (int64_t)rnd(1, (unsigned)worst);
     const char *path = write_file("spec.lua",
         "%slayout { %s, dtype = \"%s\", combine_dtype = \"%s\", layout = \"%s\",\n"
-        "  weights = %s, align = %d, sms = %d, capacity = %lld }\n",
+        "  weights = %s, align = %d, sms = %d, capacity = %lld, combine = \"%s\" }\n",
         padding(), fields(&s), dtypes[dt], dtypes[ct], expert ? "expert" : "rank",
-        weights ? "true" : "false", align, sms, (long long)capacity);
+        weights ? "true" : "false", align, sms, (long long)capacity, pull ? "pull" : "push");
 
     cr_assert(load(path) == 0, "load failed:\n%s", messages());
     cr_assert(diag.count == 0, "a valid spec left messages:\n%s", messages());
@@ -247,6 +247,8 @@ Test(spec, valid_variant_keeps_every_field)
               align, sms);
     cr_expect(v->capacity == capacity && v->capacity_set, "capacity %lld (set %d), expected %lld",
               (long long)v->capacity, v->capacity_set, (long long)capacity);
+    cr_expect(v->combine_pull == (bool)pull, "combine_pull %d, expected %d (combine = \"%s\")", v->combine_pull,
+              pull, pull ? "pull" : "push");
 }
 
 Test(spec, defaults_are_applied)
@@ -276,6 +278,7 @@ Test(spec, defaults_are_applied)
         cr_expect(v->weights, "variant %d: weights default to true", i);
         cr_expect(v->sms == 24, "variant %d: sms %d, expected 24", i, v->sms);
         cr_expect(v->align == 1, "variant %d: align %d, expected 1", i, v->align);
+        cr_expect(!v->combine_pull, "variant %d: combine defaults to \"push\"", i);
         cr_expect(v->layout == (i == 4 ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK), "variant %d: layout %s", i,
                   sg_layout_name(v->layout));
         cr_expect(v->capacity == worst && !v->capacity_set, "variant %d: capacity %lld (set %d), expected %lld",
@@ -342,8 +345,8 @@ Test(spec, unknown_field_suggests_the_nearest)
 {
     static const struct { const char *key, *near; } cases[] = {
         { "hiden", "hidden" }, { "max_token", "max_tokens" }, { "Topk", "topk" },
-        { "expert", "experts" }, { "combine", "combine_dtype" }, { "wrold", "world" },
-        { "capacity_rows", "capacity" }, { "dtpye", "dtype" },
+        { "expert", "experts" }, { "combine_type", "combine_dtype" }, { "wrold", "world" },
+        { "capacity_rows", "capacity" }, { "dtpye", "dtype" }, { "combin", "combine" }, { "Combine", "combine" },
     };
     const int n = sizeof cases / sizeof cases[0];
     shape s[16];
@@ -371,10 +374,10 @@ Test(spec, unknown_field_far_from_all_lists_them)
                                   padding(), fields(&s));
     cr_assert(load(path) == -1);
     expect_message("%s:%d: variant %s: field frobnicate: unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine",
                    path, pad_lines + 1, s.name);
     expect_message("%s:%d: variant %s: field \"two words\": unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine",
                    path, pad_lines + 1, s.name);
     expect_count(2);
 }
@@ -406,6 +409,9 @@ Test(spec, wrong_type_names_value_and_expectation)
         { "sms", "\"a\\nb\\1\"", "\"a\\nb\\x01\"", "an integer 1..1024" },
         { "align", "2.5", "2.5", "an integer 1..4096" },
         { "capacity", "\"all\"", "\"all\"", "an integer > 0" },
+        { "combine", "\"pul\"", "\"pul\"", "\"push\" or \"pull\"" },
+        { "combine", "1", "1", "\"push\" or \"pull\"" },
+        { "combine", "true", "true", "\"push\" or \"pull\"" },
     };
     const int n = sizeof cases / sizeof cases[0];
     shape s[16];
@@ -1205,7 +1211,7 @@ Test(spec, layout_call_that_raised_an_error_declares_nothing)
     shape bad = random_shape(), good = random_shape(), inner = random_shape();
     unsigned failing = rnd(1, 5);
     /* One the table does not hold, so that it is read through __index. */
-    const char *field = field_names_for_test[rnd(6, 12)];
+    const char *field = field_names_for_test[rnd(6, 13)];
     const char *path = write_file("spec.lua",
         "%s"
         "for i = 1, %u do\n"
@@ -1273,13 +1279,51 @@ Test(spec, bad_overrides_are_named)
     expect_message("-D hiden=7: unknown field, did you mean \"hidden\"?");
     expect_message("-D name=x: name cannot be overridden (each variant needs its own)");
     expect_message("-D frob=1: unknown field, expected one of name, hidden, topk, experts, world, max_tokens, "
-                   "dtype, combine_dtype, layout, weights, capacity, align, sms");
+                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine");
     expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 8 for bf16 " ROWS_WHY
                    " (from -D hidden=%d) (with -D topk=abc in effect)", path, pad_lines + 1, a.name, bad_hidden,
                    bad_hidden);
     expect_message("%s:%d: variant %s: field topk: got \"abc\", expected an integer 1..16 (from -D topk=abc) "
                    "(with -D hidden=%d in effect)", path, pad_lines + 1, a.name, bad_hidden);
     expect_count(5);
+}
+
+/* -D combine=pull (or push) sets every variant's combine, whatever its spec
+ * wrote; a value other than push or pull is refused for each variant,
+ * naming the -D. */
+Test(spec, combine_override_sets_every_variant)
+{
+    shape a = random_shape(), b = random_shape(), c = random_shape();
+    const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s, combine = \"pull\" }\n"
+                                  "layout { %s, combine = \"push\", layout = \"expert\" }\n",
+                                  padding(), fields(&a), fields(&b), fields(&c));
+    const shape *shapes[] = { &a, &b, &c };
+    cr_assert(load(path) == 0, "load failed:\n%s", messages());
+    cr_assert(spec.count == 3);
+    cr_expect(!spec.variants[0].combine_pull && spec.variants[1].combine_pull && !spec.variants[2].combine_pull,
+              "as written: combine_pull %d %d %d, expected 0 1 0", spec.variants[0].combine_pull,
+              spec.variants[1].combine_pull, spec.variants[2].combine_pull);
+    static const char *const values[] = { "pull", "push" };
+    for (int k = 0; k < 2; k++) {
+        sg_override ov[] = { { "combine", values[k] } };
+        cr_assert(load_with(path, ov, 1) == 0, "-D combine=%s:\n%s", values[k], messages());
+        cr_assert(spec.count == 3);
+        for (size_t i = 0; i < spec.count; i++)
+            cr_expect(spec.variants[i].combine_pull == (k == 0), "-D combine=%s: variant %zu: combine_pull %d",
+                      values[k], i, spec.variants[i].combine_pull);
+    }
+    static const struct { const char *value, *shown; } bad[] = {
+        { "pul", "\"pul\"" }, { "PULL", "\"PULL\"" }, { "1", "1" }, { "true", "true" },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        sg_override ov[] = { { "combine", bad[k].value } };
+        cr_assert(load_with(path, ov, 1) == -1, "-D combine=%s was accepted", bad[k].value);
+        for (int i = 0; i < 3; i++)
+            expect_message("%s:%d: variant %s: field combine: got %s, expected \"push\" or \"pull\" "
+                           "(from -D combine=%s)", path, pad_lines + 1 + i, shapes[i]->name, bad[k].shown,
+                           bad[k].value);
+        expect_count(3);
+    }
 }
 
 /* -D takes numbers as a spec writes them: 7168.0 and 0x8 are integers. */
@@ -1355,11 +1399,20 @@ static bool has_world(const sg_variant *v, int w) { return v->world == w; }
 static bool capped_in_world(const sg_variant *v, int w) { return v->world == w && v->capacity_set; }
 static bool aligned(const sg_variant *v, int a) { return v->layout == SYMM_LAYOUT_EXPERT && v->align >= a; }
 static bool few_sms_in_world(const sg_variant *v, int w) { return v->world == w && v->sms <= 4; }
+static bool pulls_in_world(const sg_variant *v, int w) { return v->world == w && v->combine_pull; }
+static bool pulls_rank_in_world(const sg_variant *v, int w)
+{
+    return pulls_in_world(v, w) && v->layout == SYMM_LAYOUT_RANK;
+}
+static bool pulls_expert_in_world(const sg_variant *v, int w)
+{
+    return pulls_in_world(v, w) && v->layout == SYMM_LAYOUT_EXPERT;
+}
 
 Test(spec, default_spec_covers_the_matrix)
 {
     cr_assert(load("specs/default.lua") == 0, "specs/default.lua:\n%s", messages());
-    cr_expect(spec.count >= 12 && spec.count <= 24, "%zu variants, expected 12..24", spec.count);
+    cr_expect(spec.count >= 12 && spec.count <= 28, "%zu variants, expected 12..28", spec.count);
     for (int d = SYMM_DTYPE_BF16; d <= SYMM_DTYPE_FP8_E4M3; d++)
         cr_expect(count_if(has_dtype, d) > 0, "no %s variant", sg_dtype_name((symm_dtype)d));
     cr_expect(count_if(has_combine, SYMM_DTYPE_FP32) > 0 && count_if(has_combine, SYMM_DTYPE_FP16) > 0,
@@ -1372,6 +1425,10 @@ Test(spec, default_spec_covers_the_matrix)
     cr_expect(count_if(aligned, 64) > 0, "an expert variant with align >= 64");
     cr_expect(count_if(few_sms_in_world, 2) > 0 && count_if(few_sms_in_world, 4) > 0,
               "each world needs a variant on at most 4 SMs (combine's grouped units at a few hundred tokens)");
+    for (int w = 2; w <= 4; w += 2)
+        cr_expect(count_if(pulls_rank_in_world, w) > 0 && count_if(pulls_expert_in_world, w) > 0,
+                  "world %d needs a variant with combine = \"pull\" in each layout (rank %d, expert %d)", w,
+                  count_if(pulls_rank_in_world, w), count_if(pulls_expert_in_world, w));
     for (size_t i = 0; i < spec.count; i++) {
         const sg_variant *v = &spec.variants[i];
         cr_expect(v->hidden >= 1024 && v->hidden <= 7168 && v->max_tokens >= 128 && v->max_tokens <= 512 &&

@@ -533,7 +533,17 @@ static void setup_case(world_case *wc, const symm_variant_desc *d)
     wc->dev.topk = dalloc(T * K * 4);
     wc->dev.weights = dalloc(T * K * 4);
     wc->dev.tokens = dalloc(4);
-    wc->dev.y = dalloc((size_t)d->capacity * H * symm_dtype_size(d->combine_dtype));
+    if (d->combine_pull) {
+        /* combine = "pull": y in the variant's symmetric buffer, where the
+         * peers read it (the region the variant gives for it). */
+        symm_recv_buffers rb;
+        const symm_status rs = symm_variant_recv(wc->v, &rb);
+        if (rs != SYMM_OK || !rb.y)
+            die("symm_variant_recv (y of a pulling combine)", rs != SYMM_OK ? rs : SYMM_ERR_STATE);
+        wc->dev.y = rb.y;
+    } else {
+        wc->dev.y = dalloc((size_t)d->capacity * H * symm_dtype_size(d->combine_dtype));
+    }
     wc->dev.out = dalloc(T * H * symm_dtype_size(d->combine_dtype));
     wc->zipf_cdf = malloc(sizeof(double) * (size_t)d->experts);
     moe_zipf_cdf(wc->zipf_cdf, d->experts);
@@ -544,9 +554,11 @@ static void teardown_case(world_case *wc)
     if (wc->pool_ready)
         for (int p = 0; p < wc->d->world; p++)
             symm_ref_recv_free(&wc->pool[p]);
-    CUdeviceptr ps[] = {wc->dev.x, wc->dev.scales, wc->dev.topk, wc->dev.weights, wc->dev.tokens, wc->dev.y, wc->dev.out};
+    CUdeviceptr ps[] = {wc->dev.x, wc->dev.scales, wc->dev.topk, wc->dev.weights, wc->dev.tokens,
+                        wc->d->combine_pull ? 0 : wc->dev.y, wc->dev.out};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
-        CU(cuMemFree(ps[i]));
+        if (ps[i])
+            CU(cuMemFree(ps[i]));
     free(wc->zipf_cdf);
 }
 

@@ -54,9 +54,10 @@ static void *xmalloc(size_t n)
 typedef struct want {
     int layout, weights, fp8;
     int other_world; /* 1: a variant for another world size than this one */
+    int pull;        /* 1: combine = "pull" (y in the variant's symmetric buffer); 0: push */
 } want;
 
-static const want ANY = {-1, -1, -1, 0};
+static const want ANY = {-1, -1, -1, 0, 0};
 
 static bool fits(const symm_variant_desc *d, int world, want w)
 {
@@ -66,7 +67,7 @@ static bool fits(const symm_variant_desc *d, int world, want w)
     if (d->capacity != d->worst_capacity)
         return false;
     return (w.layout < 0 || (int)d->layout == w.layout) && (w.weights < 0 || d->weights == w.weights) &&
-           (w.fp8 < 0 || (d->dtype == SYMM_DTYPE_FP8_E4M3) == w.fp8);
+           (w.fp8 < 0 || (d->dtype == SYMM_DTYPE_FP8_E4M3) == w.fp8) && d->combine_pull == w.pull;
 }
 
 /* The variant of the manifest with the smallest symmetric buffer that fits w
@@ -495,6 +496,7 @@ typedef struct gpu_case {
     vcase *k;
     dev_in b;
     CUdeviceptr y, out;
+    bool y_owned; /* y allocated here (else the variant's region y: combine = "pull") */
     symm_dispatch_args args;
 } gpu_case;
 
@@ -507,7 +509,16 @@ static void gpu_case_upload(const vt *t, gpu_case *c, unsigned long long seed, u
     const symm_variant_desc *d = t->d;
     c->k = case_build(d, seed, y_seed, tokens);
     dev_in_alloc(d, &c->b);
-    c->y = y_alloc(d);
+    /* combine = "pull": y where the peers read it, the variant's region y. */
+    c->y_owned = !d->combine_pull;
+    if (c->y_owned) {
+        c->y = y_alloc(d);
+    } else {
+        symm_recv_buffers rb;
+        EXPECT_OK(symm_variant_recv(t->v, &rb));
+        cr_assert(rb.y != 0, "rank %d: %s: combine = \"pull\" but symm_recv_buffers.y is 0", t->c.rank, d->name);
+        c->y = rb.y;
+    }
     c->out = dalloc((size_t)d->max_tokens * y_row(d));
     dev_in_upload(t, c->k, &c->b);
     y_upload(t, c->k, c->y);
@@ -546,7 +557,8 @@ static void gpu_case_call(const vt *t, const gpu_case *c, uint64_t calls, bool c
 static void gpu_case_free(gpu_case *c)
 {
     dev_in_free(&c->b);
-    CU_OK(cuMemFree(c->y));
+    if (c->y_owned)
+        CU_OK(cuMemFree(c->y));
     CU_OK(cuMemFree(c->out));
     case_free(c->k);
 }
@@ -762,8 +774,8 @@ static void y_misaligned(const symm_variant_desc *d, const dev_in *b, symm_dispa
     snprintf(needle[1], 96, "16-byte alignment");
 }
 
-#define LAYOUT_RANK_ANY ((want){SYMM_LAYOUT_RANK, -1, -1, 0})
-#define LAYOUT_EXPERT_ANY ((want){SYMM_LAYOUT_EXPERT, -1, -1, 0})
+#define LAYOUT_RANK_ANY ((want){SYMM_LAYOUT_RANK, -1, -1, 0, 0})
+#define LAYOUT_EXPERT_ANY ((want){SYMM_LAYOUT_EXPERT, -1, -1, 0, 0})
 
 Test(variant, dispatch_refuses_tokens_above_max_tokens_before_queueing_work)
 {
@@ -792,12 +804,12 @@ Test(variant, dispatch_refuses_misaligned_x_before_queueing_work)
 
 Test(variant, dispatch_refuses_misaligned_topk_weights_before_queueing_work)
 {
-    refused(&(bad_call){"rej-w-align", (want){-1, 1, -1, 0}, false, weights_misaligned});
+    refused(&(bad_call){"rej-w-align", (want){-1, 1, -1, 0, 0}, false, weights_misaligned});
 }
 
 Test(variant, dispatch_refuses_misaligned_x_scales_before_queueing_work)
 {
-    refused(&(bad_call){"rej-scales-align", (want){-1, -1, 1, 0}, false, scales_misaligned});
+    refused(&(bad_call){"rej-scales-align", (want){-1, -1, 1, 0, 0}, false, scales_misaligned});
 }
 
 Test(variant, dispatch_refuses_misaligned_tokens_dev_before_queueing_work)
@@ -807,17 +819,17 @@ Test(variant, dispatch_refuses_misaligned_tokens_dev_before_queueing_work)
 
 Test(variant, dispatch_refuses_x_scales_for_a_non_fp8_variant)
 {
-    refused(&(bad_call){"rej-scales", (want){-1, -1, 0, 0}, false, scales_given});
+    refused(&(bad_call){"rej-scales", (want){-1, -1, 0, 0, 0}, false, scales_given});
 }
 
 Test(variant, dispatch_refuses_missing_topk_weights_on_a_weights_variant)
 {
-    refused(&(bad_call){"rej-w-missing", (want){-1, 1, -1, 0}, false, weights_missing});
+    refused(&(bad_call){"rej-w-missing", (want){-1, 1, -1, 0, 0}, false, weights_missing});
 }
 
 Test(variant, dispatch_refuses_topk_weights_on_a_no_weights_variant)
 {
-    refused(&(bad_call){"rej-w-given", (want){-1, 0, -1, 0}, false, weights_given});
+    refused(&(bad_call){"rej-w-given", (want){-1, 0, -1, 0, 0}, false, weights_given});
 }
 
 Test(variant, combine_refuses_null_y_before_queueing_work)
@@ -833,6 +845,65 @@ Test(variant, combine_refuses_null_out_before_queueing_work)
 Test(variant, combine_refuses_misaligned_y_before_queueing_work)
 {
     refused(&(bad_call){"rej-y-align", LAYOUT_EXPERT_ANY, true, y_misaligned});
+}
+
+/* combine = "pull": y in ordinary device memory (here the dispatch input x,
+ * which is large enough and aligned), where no peer can read it. */
+static void y_outside_symmetric(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a, const void **y,
+                                void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)d, (void)a, (void)out, (void)rng;
+    *y = (const void *)(uintptr_t)b->x;
+    snprintf(needle[0], 96, "y %p", *y);
+    snprintf(needle[1], 96, "is not inside the variant's symmetric buffer");
+}
+
+/* A pulling combine's y, one past its place: its last rows would lie past
+ * the end of the symmetric buffer. */
+static void y_past_symmetric_end(const symm_variant_desc *d, const dev_in *b, symm_dispatch_args *a,
+                                 const void **y, void **out, unsigned long long *rng, char (*needle)[96])
+{
+    (void)b, (void)a, (void)out, (void)rng;
+    /* Region y is the last of the symmetric buffer: 4 KiB on, its end is out. */
+    *y = (const char *)*y + 4096;
+    snprintf(needle[0], 96, "capacity %lld rows", (long long)d->capacity);
+    snprintf(needle[1], 96, "symm_recv_buffers.y");
+}
+
+#define PULL_ANY ((want){-1, -1, -1, 0, 1})
+
+Test(variant, pulling_combine_refuses_y_outside_the_symmetric_buffer)
+{
+    refused(&(bad_call){"rej-y-pull", PULL_ANY, true, y_outside_symmetric});
+}
+
+Test(variant, pulling_combine_refuses_y_that_ends_past_the_symmetric_buffer)
+{
+    refused(&(bad_call){"rej-y-pull-end", PULL_ANY, true, y_past_symmetric_end});
+}
+
+/* combine = "pull" with y in recv_x itself (the expert work in place): the
+ * peers read each rank's y there, and the next call is still exact. */
+Test(variant, pulling_combine_reads_y_in_place_in_recv_x)
+{
+    vt t;
+    vt_start(&t, "pull-in-place", ((want){SYMM_LAYOUT_RANK, -1, 0, 0, 1}));
+    cr_assert(t.d->dtype == t.d->combine_dtype, "rank %d: %s: y in recv_x needs dtype == combine_dtype",
+              t.c.rank, t.name);
+    gpu_case c;
+    gpu_case_start(&t, &c, false);
+    EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
+    EXPECT_OK(symm_variant_stats_read(t.v, t.stream, NULL)); /* dispatch done: its rows checked first */
+    expect_recv(&t, c.k);
+    symm_recv_buffers rb;
+    EXPECT_OK(symm_variant_recv(t.v, &rb));
+    y_upload(&t, c.k, rb.x);
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)rb.x, (void *)c.out, t.stream));
+    CU_OK(cuStreamSynchronize(t.stream));
+    expect_out(&t, c.k, c.out, "combine out (y in recv_x)");
+    gpu_case_free(&c);
+    good_call(&t, 1);
+    vt_end(&t);
 }
 
 /* ---- 2. an absent peer ---------------------------------------------------------------- */
@@ -1068,7 +1139,7 @@ Test(variant, tokens_dev_takes_t_from_device_memory)
 Test(variant, tokens_dev_above_max_tokens_is_clamped_and_reported)
 {
     vt t;
-    vt_start(&t, "tokens-clamp", (want){SYMM_LAYOUT_RANK, 1, -1, 0});
+    vt_start(&t, "tokens-clamp", (want){SYMM_LAYOUT_RANK, 1, -1, 0, 0});
     const symm_variant_desc *d = t.d;
     int tokens[MAX_W];
     random_tokens(&t, tokens, 0);
@@ -1398,7 +1469,7 @@ Test(variant, recv_buffers_are_set_exactly_where_the_variant_has_them)
     for (int layout = 0; layout < 2; layout++)
         for (int fp8 = 0; fp8 < 2; fp8++)
             for (int weights = 0; weights < 2; weights++) {
-                if (!pick_variant(t.manifest, t.c.ranks, (want){layout, weights, fp8, 0}, t.name, sizeof t.name,
+                if (!pick_variant(t.manifest, t.c.ranks, (want){layout, weights, fp8, 0, 0}, t.name, sizeof t.name,
                                   NULL))
                     continue;
                 symm_variant_options o = native_options();
@@ -1420,7 +1491,7 @@ Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
     vt_setup(&t, "world-size", ANY, 0);
     char other[64];
     int other_world = 0;
-    if (!pick_variant(t.manifest, t.c.ranks, (want){-1, -1, -1, 1}, other, sizeof other, &other_world)) {
+    if (!pick_variant(t.manifest, t.c.ranks, (want){-1, -1, -1, 1, 0}, other, sizeof other, &other_world)) {
         printf("skipped: %s has no variant for another world than %d\n", t.manifest, t.c.ranks);
         fflush(stdout);
         vt_finish(&t);
