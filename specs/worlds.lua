@@ -8,6 +8,10 @@ for _, w in ipairs({ 3, 5, 8 }) do
            max_tokens = 96, sms = 8 }
   layout { name = "fp8_rank_cap" .. s, hidden = 512, topk = 6, experts = 2 * w, world = w,
            max_tokens = 64, dtype = "fp8_e4m3", capacity = w * 40, sms = 8 }
+  -- combine = "pull" with rows dropped at the capacity: each rank reads its
+  -- peers' y, and a dropped row is read from nobody.
+  layout { name = "fp8_rank_cap_pull" .. s, hidden = 512, topk = 6, experts = 2 * w, world = w,
+           max_tokens = 64, dtype = "fp8_e4m3", capacity = w * 40, sms = 8, combine = "pull" }
   layout { name = "bf16_expert_a16" .. s, hidden = 2048, topk = 3, experts = 3 * w, world = w,
            max_tokens = 80, layout = "expert", align = 16, sms = 8 }
   layout { name = "fp32_expert" .. s, hidden = 256, topk = 8, experts = 16 * w, world = w,
@@ -23,4 +27,6 @@ for _, w in ipairs({ 2, 3 }) do
            max_tokens = 64, sms = 8 }
   layout { name = "fp16_expert_k16" .. s, hidden = 256, topk = 16, experts = 32 * w, world = w,
            max_tokens = 48, dtype = "fp16", layout = "expert", align = 8, sms = 8 }
+  layout { name = "fp16_expert_k16_pull" .. s, hidden = 256, topk = 16, experts = 32 * w, world = w,
+           max_tokens = 48, dtype = "fp16", layout = "expert", align = 8, sms = 8, combine = "pull" }
 end
