@@ -1054,6 +1054,74 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
     vt_finish(&t);
 }
 
+/* Every rank dispatches, then only rank 0 combines: its combine waits for
+ * its peers (pushing: for the rows they push back; pulling: for their y to
+ * be ready) until the variant's timeout, names the peer and the combine
+ * phase, and destroy still frees everything on every rank. */
+static void combine_alone(const char *tag, want w)
+{
+    vt t;
+    vt_setup(&t, tag, w, 30.0);
+    const double timeout = 2.0;
+    symm_variant_options o = native_options();
+    o.timeout_s = timeout;
+    gpu_case warm;
+    int fds_before;
+    size_t free_before;
+    warm_up_then_snapshot(&t, &o, &warm, &fds_before, &free_before);
+
+    vt_open(&t, &o);
+    /* Every rank at max_tokens: rank 0 has rows at its peers (uniform
+     * routing over their experts), so even a pushing combine waits. */
+    int tokens[MAX_W];
+    for (int p = 0; p < t.c.ranks; p++)
+        tokens[p] = t.d->max_tokens;
+    gpu_case c;
+    gpu_case_upload(&t, &c, t.seed + 7, t.seed + 8, tokens, false);
+    gpu_case_poison(&t, &c);
+    EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
+    EXPECT_OK(symm_variant_stats_read(t.v, t.stream, NULL));
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    if (t.c.rank == 0) {
+        const double t0 = now_s();
+        EXPECT_OK(symm_variant_combine(t.v, (const void *)c.y, (void *)c.out, t.stream));
+        const double took = drain(&t, t0, timeout + 10.0, "a combine no peer joined");
+        symm_variant_stats s;
+        symm_status st = symm_variant_stats_read(t.v, t.stream, &s);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", symm_last_error());
+        cr_assert(st == SYMM_ERR_TIMEOUT && s.timed_out && s.timeout_phase == 3 && s.timeout_peer >= 1 &&
+                      s.timeout_peer < t.c.ranks && s.calls == 1,
+                  "rank 0 (%s): stats after a combine no peer joined: %s (%s), timed_out %d peer %d phase %d calls "
+                  "%" PRIu64 "; expected SYMM_ERR_TIMEOUT waiting for a peer in phase 3 (combine) of call 1",
+                  t.name, symm_status_name(st), st == SYMM_OK ? "" : msg, s.timed_out, s.timeout_peer,
+                  s.timeout_phase, s.calls);
+        char peer[32];
+        snprintf(peer, sizeof peer, "for rank %d ", s.timeout_peer);
+        cr_assert(strstr(msg, peer) && strstr(msg, "combine rows"),
+                  "rank 0 (%s): the message should name rank %d and the combine: %s", t.name, s.timeout_peer, msg);
+        cr_assert(took >= timeout * 0.95 && took < timeout + 4.0,
+                  "rank 0 (%s): the timed-out combine took %.3f s, expected about the variant's timeout of %g s",
+                  t.name, took, timeout);
+    }
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    gpu_case_free(&c);
+    vt_close(&t);
+    expect_nothing_leaked(&t, fds_before, free_before);
+    gpu_case_free(&warm);
+    vt_finish(&t);
+}
+
+Test(variant, combine_without_its_peers_times_out_naming_one_then_destroy_frees_everything)
+{
+    combine_alone("combine-alone", LAYOUT_RANK_ANY);
+}
+
+Test(variant, pulling_combine_without_its_peers_times_out_naming_one_then_destroy_frees_everything)
+{
+    combine_alone("pull-alone", PULL_ANY);
+}
+
 /* The NCCL backend waits on the host: when a peer stops arriving, rank 0's
  * dispatch itself fails with SYMM_ERR_TIMEOUT after the variant's timeout,
  * later calls fail at once with the same error, and destroy frees
