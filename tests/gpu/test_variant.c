@@ -1023,18 +1023,29 @@ static void lonely_rank_zero(vt *t, const gpu_case *c, double timeout)
               "(under 1 s)", second);
 }
 
+/* The start of a test of the device waits' timeout: the test's world (other
+ * ranks wait in a host barrier, up to 30 s, while rank 0 times out on the
+ * device), the native options with a device timeout of 2 s, one call on a
+ * variant that is then destroyed (warm), and the descriptors and free
+ * device memory before the variant under test is created. */
+static symm_variant_options timeout_test_start(vt *t, const char *tag, want w, gpu_case *warm, int *fds,
+                                               size_t *free_bytes)
+{
+    vt_setup(t, tag, w, 30.0);
+    symm_variant_options o = native_options();
+    o.timeout_s = 2.0;
+    warm_up_then_snapshot(t, &o, warm, fds, free_bytes);
+    return o;
+}
+
 Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_frees_everything)
 {
     vt t;
-    /* Other ranks wait in a host barrier while rank 0 times out on the device. */
-    vt_setup(&t, "timeout", ANY, 30.0);
-    const double timeout = 2.0;
-    symm_variant_options o = native_options();
-    o.timeout_s = timeout;
     gpu_case c;
     int fds_before;
     size_t free_before;
-    warm_up_then_snapshot(&t, &o, &c, &fds_before, &free_before);
+    const symm_variant_options o = timeout_test_start(&t, "timeout", ANY, &c, &fds_before, &free_before);
+    const double timeout = o.timeout_s;
 
     vt_open(&t, &o);
     if (t.c.rank == 0) {
@@ -1061,14 +1072,11 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
 static void combine_alone(const char *tag, want w)
 {
     vt t;
-    vt_setup(&t, tag, w, 30.0);
-    const double timeout = 2.0;
-    symm_variant_options o = native_options();
-    o.timeout_s = timeout;
     gpu_case warm;
     int fds_before;
     size_t free_before;
-    warm_up_then_snapshot(&t, &o, &warm, &fds_before, &free_before);
+    const symm_variant_options o = timeout_test_start(&t, tag, w, &warm, &fds_before, &free_before);
+    const double timeout = o.timeout_s;
 
     vt_open(&t, &o);
     /* Every rank at max_tokens: rank 0 has rows at its peers (uniform
