@@ -12,7 +12,7 @@
 -- capacity is left at the worst case everywhere, so no routing can ever
 -- overflow; see specs/tutorial.lua for trading that memory away.
 --
--- Names read model_phase_dtype[_expert]_wWORLD.
+-- Names read model_phase_dtype[_expert][_pull]_wWORLD (_pull: combine = "pull").
 
 local PREFILL, DECODE = 4096, 128
 
@@ -28,7 +28,7 @@ local function shape(m, phase, dtype, extra)
     max_tokens = phase == "prefill" and PREFILL or DECODE,
     dtype = dtype,
   }
-  local kind = extra.layout == "expert" and "_expert" or ""
+  local kind = (extra.layout == "expert" and "_expert" or "") .. (extra.combine == "pull" and "_pull" or "")
   v.name = m.prefix .. "_" .. phase .. "_" .. (dtype == "fp8_e4m3" and "fp8" or dtype) .. kind .. "_w" .. extra.world
   for k, x in pairs(extra) do v[k] = x end
   return v
@@ -47,6 +47,12 @@ end
 for _, w in ipairs({ 4, 8 }) do
   layout(shape(dsv3, "prefill", "fp8_e4m3", { world = w, layout = "expert", align = 128 }))
 end
+-- combine = "pull" (each rank reads its peers' y): both layouts at
+-- DeepSeek-V3's size.
+for _, w in ipairs({ 2, 8 }) do
+  layout(shape(dsv3, "prefill", "bf16", { world = w, combine = "pull" }))
+end
+layout(shape(dsv3, "prefill", "fp8_e4m3", { world = 4, layout = "expert", align = 128, combine = "pull" }))
 
 -- Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B): hidden_size 4096, num_experts 128,
 -- num_experts_per_tok 8.
