@@ -207,6 +207,11 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
     sg_vars_set(out, "WEIGHTS_INT", "%d", v->weights ? 1 : 0);
     sg_vars_set(out, "COMBINE_PULL", "%s", v->combine_pull ? "true" : "false");
     sg_vars_set(out, "COMBINE_PULL_INT", "%d", v->combine_pull ? 1 : 0);
+    sg_vars_set(out, "Y_WHERE", "%s",
+                v->combine_pull ? "inside this variant's symmetric buffer\n"
+                                  " * (combine = \"pull\": the peers read it there): symm_recv_buffers.y from\n"
+                                  " * _recv, or recv_x itself when the dtypes agree"
+                                : "any device memory (recv_x itself when the dtypes agree)");
     sg_vars_set(out, "SYMMETRIC_BYTES", "%llu", (unsigned long long)l.symmetric_bytes);
     sg_vars_set(out, "SCRATCH_BYTES", "%llu", (unsigned long long)l.scratch_bytes);
     set_region_vars(out, &l);
