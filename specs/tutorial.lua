@@ -134,3 +134,16 @@ layout {
   hidden = 7168, topk = 8, experts = 256, world = w, max_tokens = t,
   capacity = w * t // 4,
 }
+
+-- 7. combine = "pull": each rank's combine reads the rows its tokens need
+-- from its peers' y, instead of each peer pushing them back. An SM then
+-- stores each row once instead of twice, which matters most with few SMs
+-- (bench/NOTES.md 46). The price is where y lives: in the variant's
+-- symmetric buffer, where the peers can read it. Write the expert output to
+-- symm_recv_buffers.y (or over recv_x itself when dtype and combine_dtype
+-- agree) and pass that pointer to combine; any other pointer is refused.
+layout {
+  name = "pulled",
+  hidden = 7168, topk = 8, experts = 256, world = 2, max_tokens = 4096,
+  sms = 8, combine = "pull",
+}
