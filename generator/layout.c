@@ -84,11 +84,12 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     place(out, SYMM_REGION_RECV_TOPK, "recv_topk_idx", rank ? cap * K * 4 : 0, true);
     place(out, SYMM_REGION_RECV_WEIGHTS, "recv_weights",
           v->weights ? (rank ? cap * K * 4 : cap * 4) : 0, true);
-    place(out, SYMM_REGION_COMBINE_IN, "combine_in", (rank ? W * T : T * K) * H * celt, true);
+    /* A pulling combine reads the peers' y instead (region y below); the
+     * NCCL backend then lands its rows in a buffer of its own. */
+    place(out, SYMM_REGION_COMBINE_IN, "combine_in", v->combine_pull ? 0 : (rank ? W * T : T * K) * H * celt, true);
     /* One 8-byte flag per COMBINE_IN slot: the call whose row has landed in
-     * it (combine sums each token as soon as its rows are in). A pulling
-     * combine reads the peers' y instead: no flags, and COMBINE_IN serves
-     * the NCCL backend only. */
+     * it (combine sums each token as soon as its rows are in); none with
+     * a pulling combine. */
     place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", v->combine_pull ? 0 : (rank ? W * T : T * K) * 8, true);
     /* Layout expert: at a chain's head (a token's first row at a peer, which
      * alone crosses NVLink), the token's other rows there, which the

@@ -27,8 +27,9 @@ typedef struct kernel_args {
     int64_t tokens;
     CUdeviceptr y, out, peers, local, scratch;
     int64_t rank, timeout_ns;
+    CUdeviceptr combine_in;
 } kernel_args;
-_Static_assert(sizeof(kernel_args) == 13 * 8, "kernel_args mirrors Args in variant.cu.in");
+_Static_assert(sizeof(kernel_args) == 14 * 8, "kernel_args mirrors Args in variant.cu.in");
 
 static const char *const phase_names[] = {"?", "count exchange", "dispatch rows", "combine rows"};
 
@@ -377,6 +378,7 @@ static void base_args(const symm_variant *v, kernel_args *k)
     k->scratch = v->scratch;
     k->rank = v->rank;
     k->timeout_ns = v->timeout_ns;
+    k->combine_in = k->local + v->desc->regions[SYMM_REGION_COMBINE_IN].offset;
 }
 
 /* pdl: launched as a programmatic dependent of the kernel before it on the
@@ -492,10 +494,12 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     return st;
 }
 
-symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUstream stream)
+symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUdeviceptr combine_in,
+                                       CUstream stream)
 {
     kernel_args k;
     base_args(v, &k);
+    k.combine_in = combine_in;
     k.y = (CUdeviceptr)y;
     k.out = (CUdeviceptr)out;
     return launch(v, v->fn_reduce, (unsigned)v->desc->sms, COPY_THREADS, 0, &k, stream, false,

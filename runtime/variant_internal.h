@@ -104,7 +104,8 @@ symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 
 /* variant.c: launch symm_reduce (the sum of combine: the peers' rows from
- * COMBINE_IN, this rank's own from y with layout rank) into out. */
-symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUstream stream);
+ * combine_in, laid out as COMBINE_IN, this rank's own from y) into out. */
+symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUdeviceptr combine_in,
+                                       CUstream stream);
 
 #endif

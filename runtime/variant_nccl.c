@@ -62,6 +62,8 @@ struct symm_variant_nccl {
     /* device */
     CUdeviceptr d_counts, d_info, d_bins, d_work, d_send_index, d_stage_index, d_send_x, d_send_scales,
         d_send_src, d_send_topk, d_send_weights, d_stage, d_self_dst;
+    CUdeviceptr d_combine_in; /* combine = "pull": where the peers' rows land (the
+                                 variant has no COMBINE_IN region), else 0 */
     CUevent done;        /* recorded after each call's work: the next dispatch's stream, and destroy,
                             wait for it */
     /* the routing of the last dispatch (its arrays are the pinned ones above) */
@@ -141,6 +143,12 @@ static symm_status nccl_buffers(symm_variant *v)
     SYMM_TRY(dev_alloc(cu, &n->d_send_weights, S * K * 4));
     SYMM_TRY(dev_alloc(cu, &n->d_stage, S * crow));
     SYMM_TRY(dev_alloc(cu, &n->d_self_dst, S * 4));
+    /* A pulling variant's symmetric buffer has no COMBINE_IN (its native
+     * combine reads the peers' y): this backend's rows land in a buffer of
+     * its own, with COMBINE_IN's layout ([world][max_tokens] or
+     * [max_tokens][topk] rows). */
+    if (!d->regions[SYMM_REGION_COMBINE_IN].bytes)
+        SYMM_TRY(dev_alloc(cu, &n->d_combine_in, (expert ? T * (size_t)K : (size_t)W * T) * crow));
     SYMM_CU(cu, cuEventCreate(&n->done, CU_EVENT_DISABLE_TIMING));
     n->plan = (symm_nccl_plan){
         .world = W, .rank = v->rank, .experts = d->experts, .align = d->align, .expert_layout = expert,
@@ -163,7 +171,7 @@ void symm_variant_nccl_release(symm_variant *v)
                 cu->cuMemFreeHost(hosts[i]);
         CUdeviceptr devs[] = {n->d_counts, n->d_info, n->d_bins, n->d_work, n->d_send_index, n->d_stage_index,
                               n->d_send_x, n->d_send_scales, n->d_send_src, n->d_send_topk, n->d_send_weights,
-                              n->d_stage, n->d_self_dst};
+                              n->d_stage, n->d_self_dst, n->d_combine_in};
         for (size_t i = 0; i < SYMM_ARRAY_LEN(devs); i++)
             if (devs[i])
                 cu->cuMemFree(devs[i]);
@@ -521,10 +529,11 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     /* Into COMBINE_IN: the peers' rows from the stage, in one launch over
      * every packed row (this rank's own have the slot -1, and the sum reads
      * them from y), none when every row was this rank's own. */
-    CUdeviceptr combine_in = symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
+    const CUdeviceptr combine_in = n->d_combine_in ? n->d_combine_in
+                                                   : symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
     if (p->packed > p->self_rows)
         SYMM_TRY(launch_scatter(v, n->d_stage, n->d_stage_index, p->packed, combine_in, stream));
-    SYMM_TRY(symm_variant_launch_reduce(v, y, out, stream));
+    SYMM_TRY(symm_variant_launch_reduce(v, y, out, combine_in, stream));
     SYMM_CU(cu, cuEventRecord(n->done, stream));
     return SYMM_OK;
 }

@@ -459,7 +459,7 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
             {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * words * 8},
             {SYMM_REGION_RECV_X, cap * H * (uint64_t)symm_dtype_size(v.dtype)},
             {SYMM_REGION_RECV_SRC, cap * 16},
-            {SYMM_REGION_COMBINE_IN, slots * H * celt},
+            {SYMM_REGION_COMBINE_IN, pull ? 0 : slots * H * celt},
             {SYMM_REGION_COMBINE_FLAGS, pull ? 0 : slots * 8},
             {SYMM_REGION_Y, pull ? cap * H * celt : 0},
             {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (K - 1) * 4},
