@@ -14,8 +14,9 @@
  * rows for itself never go through NCCL: the pack kernel writes their
  * metadata and the gather kernel their rows of x straight to their received
  * rows. Combine sends each received chunk of y
- * back as one contiguous run, moves what comes back into COMBINE_IN and runs
- * the native sum, which reads this rank's own rows from y. Dispatch
+ * back as one contiguous run, moves what comes back into COMBINE_IN (a
+ * pulling variant has none: a buffer of this backend's own with its layout)
+ * and runs the native sum, which reads this rank's own rows from y. Dispatch
  * returns once its work is queued; the next dispatch queues its work after
  * the last call's (an event) and rewrites the host buffers only after its
  * own wait. Because the host waits
@@ -526,7 +527,8 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
             GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     SYMM_TRY(group_end(nc, comm, st));
-    /* Into COMBINE_IN: the peers' rows from the stage, in one launch over
+    /* Into COMBINE_IN (or this backend's own buffer in its place): the
+     * peers' rows from the stage, in one launch over
      * every packed row (this rank's own have the slot -1, and the sum reads
      * them from y), none when every row was this rank's own. */
     const CUdeviceptr combine_in = n->d_combine_in ? n->d_combine_in
