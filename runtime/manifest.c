@@ -60,9 +60,10 @@ static const struct {
                      "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
                      "recv_chain, y"
 
-/* Indexed by symm_dtype and symm_layout. */
+/* Indexed by symm_dtype and symm_layout; combine_names by desc.combine_pull. */
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};
 static const char *const layout_names[] = {"rank", "expert"};
+static const char *const combine_names[] = {"push", "pull"};
 
 typedef struct entry {
     symm_variant_desc desc;
@@ -248,7 +249,6 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
     SYMM_TRY(get_choice(r, obj, "layout", layout_names, 2, "", &p->layout));
     SYMM_TRY(get_bool(r, obj, "weights", &p->weights));
     /* "combine" came with combine = "pull"; a manifest without it pushes. */
-    static const char *const combine_names[] = {"push", "pull"};
     p->combine_pull = 0;
     if (symm_json_member(obj, "combine", NULL))
         SYMM_TRY(get_choice(r, obj, "combine", combine_names, 2, "", &p->combine_pull));
