@@ -669,9 +669,10 @@ static symm_status bufs_alloc(bench *b, const symm_variant_desc *d, dev_bufs *db
         st = symm_cuda_check(cu->cuMemAlloc(&db->topk, T * K * 4), "cuMemAlloc(topk_idx)");
     if (st == SYMM_OK && d->weights)
         st = symm_cuda_check(cu->cuMemAlloc(&db->weights, T * K * 4), "cuMemAlloc(topk_weights)");
-    if (st == SYMM_OK)
+    /* A pulling variant's y is its region y (with_variant_y). */
+    if (st == SYMM_OK && !d->combine_pull)
         st = symm_cuda_check(cu->cuMemAlloc(&db->y, (size_t)d->capacity * crow_bytes(d)), "cuMemAlloc(y)");
-    if (st == SYMM_OK) /* rows the guard does not fill still hold finite values */
+    if (st == SYMM_OK && db->y) /* rows the guard does not fill still hold finite values */
         st = symm_cuda_check(cu->cuMemsetD8(db->y, 0x3c, (size_t)d->capacity * crow_bytes(d)), "cuMemsetD8(y)");
     if (st == SYMM_OK)
         st = symm_cuda_check(cu->cuMemAlloc(&db->out, T * crow_bytes(d)), "cuMemAlloc(out)");
@@ -1260,6 +1261,10 @@ static dev_bufs with_variant_y(bench *b, symm_variant *v, const dev_bufs *db)
         symm_recv_buffers rb;
         CHECK(b, "symm_variant_recv", symm_variant_recv(v, &rb));
         yb.y = rb.y;
+        /* As bufs_alloc fills db's: rows the guard does not fill hold finite values. */
+        const symm_variant_desc *d = symm_variant_describe(v);
+        CHECK(b, "cuMemsetD8(y)", symm_cuda_check(b->cu->cuMemsetD8(yb.y, 0x3c, (size_t)d->capacity * crow_bytes(d)),
+                                                  "cuMemsetD8(y)"));
     }
     return yb;
 }
