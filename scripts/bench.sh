@@ -103,6 +103,13 @@ note "JIT: the same with NVRTC's own cache off (CUDA_CACHE_DISABLE=1)" | tee -a 
 CUDA_CACHE_DISABLE=1 "$build/bench/jit_bench" "$gen/bench_dsv3_prefill.cu" --iters 3 --parts 2 -- -std=c++17 \
     -default-device 2>&1 | tee -a "$jitlog" | tee -a "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || jit_rc=1
+# The pulling twin (combine = "pull") has a combine of its own to compile.
+if [ -f "$gen/bench_dsv3_prefill_pull.cu" ]; then
+    note "JIT: bench_dsv3_prefill_pull.cu, NVRTC's own cache off" | tee -a "$log"
+    CUDA_CACHE_DISABLE=1 "$build/bench/jit_bench" "$gen/bench_dsv3_prefill_pull.cu" --iters 3 --parts 2 -- -std=c++17 \
+        -default-device 2>&1 | tee -a "$jitlog" | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || jit_rc=1
+fi
 
 gpus=${BENCH_GPUS:-0,1}
 note "moe_bench on GPUs $gpus (at most $limit s)" | tee -a "$log"
@@ -145,7 +152,7 @@ fi
         echo '```'
     fi
     echo
-    echo "JIT of bench_dsv3_prefill.cu (bench/jit_bench, exit status $jit_rc):"
+    echo "JIT of bench_dsv3_prefill.cu and its pulling twin (bench/jit_bench, exit status $jit_rc):"
     echo
     echo '```'
     cat "$jitlog"

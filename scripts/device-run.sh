@@ -63,7 +63,8 @@ for s in "$@"; do
         for tool in memcheck racecheck; do
             step sanitizer-$tool 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2
+                --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2 \
+                --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2
         done ;;
     variant)
         for n in 2 4; do
@@ -92,7 +93,11 @@ for s in "$@"; do
             --manifest out/bench/manifest.json --shared-gpu --groups a,b --profile
         echo quit | nvidia-cuda-mps-control
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
-    world8) step check-w8 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 10 ;;
+    world8) # default.lua has no world 8: models.lua's world-8 variants at
+            # max_tokens 128 (as make test-gpu runs those too large for
+            # several ranks a GPU); worlds.lua's are in the worlds step.
+            $build/bin/symmgen -q -D max_tokens=128 -o out/models-t128 specs/models.lua >> "$out/machine.log" 2>&1
+            step check-w8-models 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models-t128/manifest.json --quick --graph-replays 10 ;;
     probe) step link_probe 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,32,48,64 --reps 20 ;;
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu

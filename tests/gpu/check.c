@@ -767,6 +767,14 @@ int main(int argc, char **argv)
     symm_manifest *m;
     if ((st = symm_manifest_open(o.manifest, &m)) != SYMM_OK)
         die("symm_manifest_open", st);
+    /* A name that matches nothing is a typo, not an empty selection. */
+    for (int i = 0; i < o.n_variants; i++) {
+        const symm_variant_desc *d;
+        if (symm_manifest_variant(m, o.variants[i], &d) != SYMM_OK) {
+            fprintf(stderr, "check: --variant %s: no such variant in %s\n", o.variants[i], o.manifest);
+            exit(2);
+        }
+    }
     int passed = 0, failed = 0, skipped = 0, too_large = 0;
     for (size_t i = 0; i < symm_manifest_count(m); i++) {
         const char *name = symm_manifest_name(m, i);
@@ -804,6 +812,11 @@ int main(int argc, char **argv)
         printf("check (world %d, seed 0x%" PRIx64 ", %d variants of other worlds and %d too large skipped): "
                "%d passed, %d failed\n",
                symm_world_size(w), o.seed, skipped, too_large, passed, failed);
+    /* Nothing run is not a pass: a world no variant of the selection has. */
+    const bool none = passed + failed == 0 && too_large == 0;
+    if (none && g_rank == 0)
+        fprintf(stderr, "check: no variant of world %d in %s%s\n", symm_world_size(w), o.manifest,
+                o.n_variants ? " among those named by --variant" : "");
     symm_world_destroy(w);
-    return failed ? 1 : 0;
+    return failed || none ? 1 : 0;
 }
