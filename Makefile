@@ -4,7 +4,8 @@
 #   make run        generate specs/default.lua and NVRTC-compile every variant
 #                   (plus a GPU self-check where GPUs are present)
 #   make test       CPU tests (Criterion); SAN=1 builds them with ASan+UBSan
-#   make test-gpu   GPU tests through symmrun (prints "skipped: no GPU" without one)
+#   make test-gpu   GPU tests through symmrun (prints "skipped: no GPU" without one);
+#                   MPS=1: ranks sharing a GPU run at once under CUDA MPS
 #   make bench      benchmarks (GPU host)
 #   make install PREFIX=/usr/local
 #
@@ -171,7 +172,7 @@ test: test-deps
 
 test-gpu:
 	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK)
-	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(GPU_SPEC) scripts/test-gpu.sh $(GPU_TESTS)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(GPU_SPEC) SYMM_TEST_MPS=$(MPS) scripts/test-gpu.sh $(GPU_TESTS)
 
 bench:
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)

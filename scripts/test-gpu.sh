@@ -14,6 +14,12 @@
 #     can afford);
 #   - with the default spec, its world-2 variants again at both ends of the
 #     tuning knobs' ranges (SYMM_TUNE, README "Tuning").
+# With SYMM_TEST_MPS=1 (make test-gpu MPS=1) the native checks of worlds
+# larger than the GPU count run with every rank a client of a CUDA MPS
+# daemon that this script starts (and stops) with directories of its own:
+# the ranks sharing a GPU then run at once, as ranks on separate GPUs do,
+# instead of taking turns (a stronger test of the device protocol, and
+# faster); the Criterion tests and the NCCL backend stay time-sliced.
 # Without a GPU it says "skipped: no GPU" and exits 0.
 # usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
 set -uo pipefail
@@ -30,6 +36,37 @@ run=$build/bin/symmrun
 passed=0 failed=0
 note() { echo "test-gpu: $*"; }
 record() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); note "FAILED: $2"; fi; }
+
+# SYMM_TEST_MPS=1: an MPS daemon of this run's own, for the native checks
+# of ranks sharing GPUs (`shared` prefixes their symmrun).
+shared=()
+if [ -n "${SYMM_TEST_MPS:-}" ] && [ "${SYMM_TEST_MPS}" != 0 ]; then
+    if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+        note "SYMM_TEST_MPS=$SYMM_TEST_MPS: nvidia-cuda-mps-control not found (it comes with the NVIDIA driver)"
+        exit 1
+    fi
+    mps=$(mktemp -d /tmp/symm-mps.XXXXXX)
+    mkdir -p "$mps/pipe" "$mps/log"
+    shared=(env CUDA_MPS_PIPE_DIRECTORY="$mps/pipe" CUDA_MPS_LOG_DIRECTORY="$mps/log")
+    if ! "${shared[@]}" nvidia-cuda-mps-control -d; then
+        note "SYMM_TEST_MPS=$SYMM_TEST_MPS: nvidia-cuda-mps-control -d failed (log: $mps/log)"
+        exit 1
+    fi
+    trap 'echo quit | "${shared[@]}" nvidia-cuda-mps-control; rm -rf "$mps"' EXIT
+    note "CUDA MPS daemon started ($mps): ranks sharing a GPU run at once in the native checks"
+fi
+# The native checks' launcher: through MPS where w ranks share the GPUs.
+launch() { # w
+    if [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ]; then
+        echo "${shared[@]}" "$run"
+    else
+        echo "$run"
+    fi
+}
+
+shared_note() { # w
+    [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ] && echo ", ranks at once under MPS"
+}
 
 # The Criterion tests (test_variant) open their variants from this manifest.
 if [ -z "${SYMM_TEST_MANIFEST:-}" ]; then
@@ -67,10 +104,10 @@ for spec in $specs; do
         grep -q "\"world\": $w," "$out/manifest.json" || continue
         extra=()
         [ "$w" -gt "$ngpu" ] && extra=(--quick --max-elems 4194304)
-        note "$name: world $w on $ngpu GPU(s), native ${extra[*]}"
+        note "$name: world $w on $ngpu GPU(s), native ${extra[*]}$(shared_note "$w")"
         log=$(mktemp)
-        $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" "${extra[@]}" | tee "$log"
-        record "${PIPESTATUS[0]}" "check $name world $w native"
+        $(launch "$w") -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" "${extra[@]}" | tee "$log"
+        record "${PIPESTATUS[0]}" "check $name world $w native$(shared_note "$w")"
         # The variants too large for time-sliced ranks, at a smaller max_tokens.
         large=()
         while read -r v; do large+=(--variant "$v"); done < <(sed -n 's/^\[0\] skip \([^ ]*\) .*/\1/p' "$log")
@@ -80,8 +117,8 @@ for spec in $specs; do
             [ -f "$small/manifest.json" ] || $build/bin/symmgen -q -D max_tokens=$SMALL_TOKENS -o "$small" "$spec" ||
                 { record 1 "symmgen -D max_tokens=$SMALL_TOKENS $spec"; continue; }
             note "$name: world $w, the $((${#large[@]} / 2)) skipped variant(s) with max_tokens = $SMALL_TOKENS"
-            $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$small/manifest.json" --quick "${large[@]}"
-            record $? "check $name world $w native, max_tokens $SMALL_TOKENS"
+            $(launch "$w") -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$small/manifest.json" --quick "${large[@]}"
+            record $? "check $name world $w native, max_tokens $SMALL_TOKENS$(shared_note "$w")"
             if [ "$w" -le "${NCCL_SHARED_MAX:-4}" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
                 note "$name: world $w, the same with the nccl backend, symmrun --nccl-shared-gpu"
                 $run -n "$w" --gpus "$gpus" --nccl-shared-gpu -- "$build/tests-gpu/check" \
@@ -109,7 +146,7 @@ if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
     for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PDL=0,DEDUP=0" \
                 "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PDL=1,DEDUP=1"; do
         note "default: world 2, native, SYMM_TUNE=$tune"
-        SYMM_TUNE=$tune $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --quick
+        SYMM_TUNE=$tune $(launch 2) -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --quick
         record $? "check default world 2, SYMM_TUNE=$tune"
     done
 fi

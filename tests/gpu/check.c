@@ -817,6 +817,11 @@ int main(int argc, char **argv)
     if (none && g_rank == 0)
         fprintf(stderr, "check: no variant of world %d in %s%s\n", symm_world_size(w), o.manifest,
                 o.n_variants ? " among those named by --variant" : "");
+    fflush(stdout);
+    /* symmrun stops every rank when one exits nonzero: none leaves before
+     * rank 0 has written its verdict. */
+    if ((st = symm_world_barrier(w)) != SYMM_OK)
+        die("symm_world_barrier", st);
     symm_world_destroy(w);
     return failed || none ? 1 : 0;
 }
