@@ -4,6 +4,7 @@
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, models, nccl, world4, worlds, world8, sanitize, variant,
+#        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
 #        each path, bench/NOTES.md 42)
@@ -71,6 +72,10 @@ for s in "$@"; do
             step test_variant-n$n 180 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n $n --gpus "$gpus" -- "$build/tests-gpu/test_variant" --jobs 1
         done ;;
     selfcheck) step selfcheck 120 scripts/selfcheck.sh "$build" ;;
+    test-gpu) # make test-gpu MPS=1 on the default spec (make is not there)
+        step test-gpu 560 env SYMM_TEST_MPS=1 SYMM_BUILD_DIR="$build" SPEC=specs/default.lua scripts/test-gpu.sh \
+            "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \
+            "$build/tests-gpu/test_variant" ;;
     bench) step bench 420 env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
     profile) step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
@@ -102,7 +107,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy, probe)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy, probe)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
