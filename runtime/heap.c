@@ -71,6 +71,7 @@ struct symm_device {
     CUcontext context;      /* the retained primary context; NULL if not retained */
     char name[128];
     int sm_count, cc_major, cc_minor;
+    int mps;                /* CU_DEVICE_ATTRIBUTE_MPS_ENABLED */
     size_t granularity;
     int gpu_count;
     int *gpu_index;         /* [ranks]: which distinct GPU each rank runs on */
@@ -112,6 +113,9 @@ static symm_status check_support(symm_device *dev)
     }
     SYMM_TRY(device_attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                               "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT", &dev->sm_count));
+    /* A driver older than the attribute (CUDA 12.4) rejects it: no MPS known. */
+    if (dev->cu->cuDeviceGetAttribute(&dev->mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, dev->device) != CUDA_SUCCESS)
+        dev->mps = 0;
     SYMM_TRY(device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
                               "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR", &dev->cc_major));
     return device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
@@ -334,6 +338,16 @@ int symm_device_cc_minor(const symm_device *dev) { return dev->cc_minor; }
 size_t symm_device_granularity(const symm_device *dev) { return dev->granularity; }
 symm_world *symm_device_world(const symm_device *dev) { return dev->world; }
 int symm_device_gpu_count(const symm_device *dev) { return dev->gpu_count; }
+
+bool symm_device_mps(const symm_device *dev) { return dev->mps != 0; }
+
+int symm_device_ranks_here(const symm_device *dev)
+{
+    int n = 0;
+    for (int r = 0; r < dev->ranks; r++)
+        n += dev->gpu_index[r] == dev->gpu_index[dev->rank];
+    return n;
+}
 
 int symm_device_gpu_index(const symm_device *dev, int rank)
 {

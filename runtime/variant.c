@@ -206,6 +206,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     const int sms = symm_device_sm_count(v->dev);
     CUfunction waiting[2] = {v->fn_dispatch, v->fn_combine};
     const size_t smem[2] = {v->dispatch_smem, v->combine_smem};
+    int fewest = 0; /* blocks an SM holds of the kernel that fits fewer */
     for (int i = 0; i < 2; i++) {
         int per_sm = 0;
         SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, smem[i]));
@@ -214,7 +215,20 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
                              "symm_variant_create: variant %s: sms = %d blocks cannot all be resident "
                              "on this GPU (%d SMs x %d blocks): lower sms in the spec",
                              v->desc->name, v->desc->sms, sms, per_sm);
+        fewest = i == 0 || per_sm < fewest ? per_sm : fewest;
     }
+    /* Ranks sharing a GPU as MPS clients run at once, so every block of all
+     * of them must be resident together (time-sliced ranks each get the
+     * whole GPU in turn). Otherwise some would spin on SMs that the others'
+     * blocks never get, until the timeout. */
+    const int here = symm_device_ranks_here(v->dev);
+    if (here > 1 && symm_device_mps(v->dev) && (int64_t)here * v->desc->sms > (int64_t)fewest * sms)
+        return symm_fail(SYMM_ERR_UNSUPPORTED,
+                         "symm_variant_create: variant %s: %d ranks share this GPU as CUDA MPS clients and "
+                         "run at once, and %d x sms = %d blocks cannot all be resident (%d SMs x %d blocks): "
+                         "lower sms in the spec, put fewer ranks on a GPU, or run them without MPS (they "
+                         "then take turns)",
+                         v->desc->name, here, here, here * v->desc->sms, sms, fewest);
     return SYMM_OK;
 }
 

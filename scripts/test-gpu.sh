@@ -55,15 +55,33 @@ if [ -n "${SYMM_TEST_MPS:-}" ] && [ "${SYMM_TEST_MPS}" != 0 ]; then
     trap 'echo quit | "${shared[@]}" nvidia-cuda-mps-control; rm -rf "$mps"' EXIT
     note "CUDA MPS daemon started ($mps): ranks sharing a GPU run at once in the native checks"
 fi
-# The native checks' launcher: through MPS where w ranks share the GPUs.
-launch() { # w
-    if [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ]; then
-        echo "${shared[@]}" "$run"
-    else
-        echo "$run"
+# The native check of world w: check ARGS... through symmrun, its output
+# also in $native_log. Under MPS where the ranks share GPUs; a variant whose
+# blocks cannot all be resident at once there (the runtime refuses it,
+# SYMM_ERR_UNSUPPORTED, and check --skip-unsupported lists it) runs again
+# with the ranks taking turns. ARGS hold no --variant, or only in $variants.
+native_log=
+variants=()
+native_check() { # w label args...
+    local w=$1 label=$2
+    shift 2
+    native_log=$(mktemp)
+    if [ "$w" -le "$ngpu" ] || [ ${#shared[@]} -eq 0 ]; then
+        $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${variants[@]}" | tee "$native_log"
+        record "${PIPESTATUS[0]}" "$label"
+        return
+    fi
+    "${shared[@]}" $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${variants[@]}" \
+        --skip-unsupported | tee "$native_log"
+    record "${PIPESTATUS[0]}" "$label, ranks at once under MPS"
+    local apart=()
+    while read -r v; do apart+=(--variant "$v"); done < <(sed -n 's/^\[0\] unsupported \([^ :]*\):.*/\1/p' "$native_log")
+    if [ ${#apart[@]} -gt 0 ]; then
+        note "the $((${#apart[@]} / 2)) variant(s) too wide to run at once under MPS, the ranks taking turns"
+        $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${apart[@]}"
+        record $? "$label, ranks taking turns"
     fi
 }
-
 shared_note() { # w
     [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ] && echo ", ranks at once under MPS"
 }
@@ -105,20 +123,21 @@ for spec in $specs; do
         extra=()
         [ "$w" -gt "$ngpu" ] && extra=(--quick --max-elems 4194304)
         note "$name: world $w on $ngpu GPU(s), native ${extra[*]}$(shared_note "$w")"
-        log=$(mktemp)
-        $(launch "$w") -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" "${extra[@]}" | tee "$log"
-        record "${PIPESTATUS[0]}" "check $name world $w native$(shared_note "$w")"
+        variants=()
+        native_check "$w" "check $name world $w native" --manifest "$out/manifest.json" "${extra[@]}"
         # The variants too large for time-sliced ranks, at a smaller max_tokens.
         large=()
-        while read -r v; do large+=(--variant "$v"); done < <(sed -n 's/^\[0\] skip \([^ ]*\) .*/\1/p' "$log")
-        rm -f "$log"
+        while read -r v; do large+=(--variant "$v"); done < <(sed -n 's/^\[0\] skip \([^ ]*\) .*/\1/p' "$native_log")
+        rm -f "$native_log"
         if [ ${#large[@]} -gt 0 ]; then
             small=$out-t$SMALL_TOKENS
             [ -f "$small/manifest.json" ] || $build/bin/symmgen -q -D max_tokens=$SMALL_TOKENS -o "$small" "$spec" ||
                 { record 1 "symmgen -D max_tokens=$SMALL_TOKENS $spec"; continue; }
             note "$name: world $w, the $((${#large[@]} / 2)) skipped variant(s) with max_tokens = $SMALL_TOKENS"
-            $(launch "$w") -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$small/manifest.json" --quick "${large[@]}"
-            record $? "check $name world $w native, max_tokens $SMALL_TOKENS$(shared_note "$w")"
+            variants=("${large[@]}")
+            native_check "$w" "check $name world $w native, max_tokens $SMALL_TOKENS" \
+                --manifest "$small/manifest.json" --quick
+            rm -f "$native_log"
             if [ "$w" -le "${NCCL_SHARED_MAX:-4}" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
                 note "$name: world $w, the same with the nccl backend, symmrun --nccl-shared-gpu"
                 $run -n "$w" --gpus "$gpus" --nccl-shared-gpu -- "$build/tests-gpu/check" \
@@ -146,8 +165,9 @@ if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
     for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PDL=0,DEDUP=0" \
                 "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PDL=1,DEDUP=1"; do
         note "default: world 2, native, SYMM_TUNE=$tune"
-        SYMM_TUNE=$tune $(launch 2) -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --quick
-        record $? "check default world 2, SYMM_TUNE=$tune"
+        variants=()
+        SYMM_TUNE=$tune native_check 2 "check default world 2, SYMM_TUNE=$tune" --manifest "$out/manifest.json" --quick
+        rm -f "$native_log"
     done
 fi
 echo "test-gpu: $passed passed, $failed failed"

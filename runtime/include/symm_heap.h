@@ -16,6 +16,7 @@
 #ifndef SYMM_HEAP_H
 #define SYMM_HEAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,12 @@ int symm_device_gpu_count(const symm_device *dev);
 /* Which of those GPUs rank runs on (0..gpu_count-1, numbered in order of
  * first appearance by rank), or -1 for a rank outside the world. */
 int symm_device_gpu_index(const symm_device *dev, int rank);
+/* Whether this rank's context on the GPU is a CUDA MPS client
+ * (CU_DEVICE_ATTRIBUTE_MPS_ENABLED): ranks sharing a GPU then run at once
+ * instead of taking turns. */
+bool symm_device_mps(const symm_device *dev);
+/* Ranks of the world on this rank's GPU, itself included. */
+int symm_device_ranks_here(const symm_device *dev);
 
 /* ---- symmetric allocations ----------------------------------------------- */
 
