@@ -22,7 +22,17 @@
  * programmatic-serialization attribute itself must wait
  * (cudaGridDependencySynchronize or griddepcontrol.wait) before it reads
  * dispatch's outputs, as PDL requires of any dependent; an ordinary launch
- * needs nothing. */
+ * needs nothing.
+ *
+ * A launch's blocks wait for each other and for the peers' blocks, so they
+ * must all be resident at once (create checks it for one variant, and for
+ * the ranks that share a GPU as CUDA MPS clients). Variants that run at the
+ * same time on separate streams of one GPU must fit on it together: the
+ * sum of their sms at most the GPU's SMs (at one block an SM, as the
+ * DeepSeek-V3-sized kernels take). Beyond that, a rank's blocks of one
+ * variant may wait on SMs that its blocks of another hold while those wait
+ * for a peer in the same state: SYMM_ERR_TIMEOUT after SYMM_TIMEOUT. Kernels
+ * of the application that never wait for ours are no such risk. */
 #ifndef SYMM_VARIANT_H
 #define SYMM_VARIANT_H
 
