@@ -1257,12 +1257,12 @@ static bool guard_agreed(bench *b, symm_variant *v, const guard *g, const dev_bu
 static dev_bufs with_variant_y(bench *b, symm_variant *v, const dev_bufs *db)
 {
     dev_bufs yb = *db;
-    if (v && symm_variant_describe(v)->combine_pull) {
+    const symm_variant_desc *d = v ? symm_variant_describe(v) : NULL;
+    if (d && d->combine_pull) {
         symm_recv_buffers rb;
         CHECK(b, "symm_variant_recv", symm_variant_recv(v, &rb));
         yb.y = rb.y;
         /* As bufs_alloc fills db's: rows the guard does not fill hold finite values. */
-        const symm_variant_desc *d = symm_variant_describe(v);
         CHECK(b, "cuMemsetD8(y)", symm_cuda_check(b->cu->cuMemsetD8(yb.y, 0x3c, (size_t)d->capacity * crow_bytes(d)),
                                                   "cuMemsetD8(y)"));
     }

@@ -384,6 +384,14 @@ static symm_status check_dispatch(const symm_variant *v, const symm_dispatch_arg
     return SYMM_OK;
 }
 
+CUdeviceptr symm_variant_region_ptr(const symm_variant *v, symm_region id)
+{
+    const symm_region_desc *r = &v->desc->regions[id];
+    if (!r->bytes)
+        return 0;
+    return (r->symmetric ? symm_alloc_local(v->alloc) : v->scratch) + r->offset;
+}
+
 static void base_args(const symm_variant *v, kernel_args *k)
 {
     memset(k, 0, sizeof *k);
@@ -392,7 +400,7 @@ static void base_args(const symm_variant *v, kernel_args *k)
     k->scratch = v->scratch;
     k->rank = v->rank;
     k->timeout_ns = v->timeout_ns;
-    k->combine_in = k->local + v->desc->regions[SYMM_REGION_COMBINE_IN].offset;
+    k->combine_in = symm_variant_region_ptr(v, SYMM_REGION_COMBINE_IN); /* 0 in a pulling variant */
 }
 
 /* pdl: launched as a programmatic dependent of the kernel before it on the
@@ -520,27 +528,20 @@ symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out
                   "combine: launch of symm_reduce");
 }
 
-static CUdeviceptr region_ptr(const symm_variant *v, symm_region id)
-{
-    const symm_region_desc *r = &v->desc->regions[id];
-    if (!r->bytes)
-        return 0;
-    return (r->symmetric ? symm_alloc_local(v->alloc) : v->scratch) + r->offset;
-}
-
 symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out)
 {
     if (!v || !out)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_recv: %s is NULL", v ? "out" : "variant");
-    out->x = region_ptr(v, SYMM_REGION_RECV_X);
-    out->scales = region_ptr(v, SYMM_REGION_RECV_SCALES);
-    out->src = region_ptr(v, SYMM_REGION_RECV_SRC);
-    out->topk_idx = region_ptr(v, SYMM_REGION_RECV_TOPK);
-    out->weights = region_ptr(v, SYMM_REGION_RECV_WEIGHTS);
-    out->expert_count = region_ptr(v, SYMM_REGION_EXPERT_COUNT);
-    out->expert_offset = v->desc->layout == SYMM_LAYOUT_EXPERT ? region_ptr(v, SYMM_REGION_EXPERT_OFFSET) : 0;
-    out->rows = region_ptr(v, SYMM_REGION_STATE) + offsetof(device_state, recv_rows);
-    out->y = region_ptr(v, SYMM_REGION_Y);
+    out->x = symm_variant_region_ptr(v, SYMM_REGION_RECV_X);
+    out->scales = symm_variant_region_ptr(v, SYMM_REGION_RECV_SCALES);
+    out->src = symm_variant_region_ptr(v, SYMM_REGION_RECV_SRC);
+    out->topk_idx = symm_variant_region_ptr(v, SYMM_REGION_RECV_TOPK);
+    out->weights = symm_variant_region_ptr(v, SYMM_REGION_RECV_WEIGHTS);
+    out->expert_count = symm_variant_region_ptr(v, SYMM_REGION_EXPERT_COUNT);
+    out->expert_offset =
+        v->desc->layout == SYMM_LAYOUT_EXPERT ? symm_variant_region_ptr(v, SYMM_REGION_EXPERT_OFFSET) : 0;
+    out->rows = symm_variant_region_ptr(v, SYMM_REGION_STATE) + offsetof(device_state, recv_rows);
+    out->y = symm_variant_region_ptr(v, SYMM_REGION_Y);
     return SYMM_OK;
 }
 
@@ -552,7 +553,8 @@ static symm_status profile_reset(symm_variant *v, CUstream stream)
         [SYMM_PROF_DISPATCH_START] = UINT64_MAX, [SYMM_PROF_COMBINE_START] = UINT64_MAX};
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    SYMM_CU(cu, cuMemcpyHtoDAsync(region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, empty, sizeof empty, stream));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, empty,
+                                  sizeof empty, stream));
     SYMM_CU(cu, cuStreamSynchronize(stream));
     return SYMM_OK;
 }
@@ -568,7 +570,7 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
     SYMM_TRY(symm_cuda(&cu));
     SYMM_CU(cu, cuStreamSynchronize(stream));
     uint64_t t[SYMM_PROFILE_SLOTS];
-    SYMM_CU(cu, cuMemcpyDtoH(t, region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, sizeof t));
+    SYMM_CU(cu, cuMemcpyDtoH(t, symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, sizeof t));
     SYMM_TRY(profile_reset(v, stream));
     /* Microseconds after the kernel's start; -1 where nothing was recorded. */
     const uint64_t d0 = t[SYMM_PROF_DISPATCH_START], c0 = t[SYMM_PROF_COMBINE_START];
@@ -615,7 +617,7 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
     SYMM_TRY(symm_cuda(&cu));
     SYMM_CU(cu, cuStreamSynchronize(stream));
     device_state s;
-    SYMM_CU(cu, cuMemcpyDtoH(&s, region_ptr(v, SYMM_REGION_STATE), sizeof s));
+    SYMM_CU(cu, cuMemcpyDtoH(&s, symm_variant_region_ptr(v, SYMM_REGION_STATE), sizeof s));
     symm_variant_stats local = {
         .calls = s.seq,
         .tokens = s.tokens,

@@ -103,6 +103,10 @@ symm_status symm_variant_nccl_quiesce(symm_variant *v);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 
+/* variant.c: where region id of v lives on this rank (its symmetric buffer
+ * or its scratch), 0 for a region the variant does not have. */
+CUdeviceptr symm_variant_region_ptr(const symm_variant *v, symm_region id);
+
 /* variant.c: launch symm_reduce (the sum of combine: the peers' rows from
  * combine_in, laid out as COMBINE_IN, this rank's own from y) into out. */
 symm_status symm_variant_launch_reduce(symm_variant *v, const void *y, void *out, CUdeviceptr combine_in,

@@ -488,7 +488,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         SYMM_CU(cu, cuMemcpyHtoDAsync(rb.expert_count, n->h_expert, (size_t)L * 4, stream));
         SYMM_CU(cu, cuMemcpyHtoDAsync(rb.expert_offset, n->h_expert + L, (size_t)L * 4, stream));
     }
-    SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + d->regions[SYMM_REGION_STATE].offset, st, sizeof *st, stream));
+    SYMM_CU(cu, cuMemcpyHtoDAsync(symm_variant_region_ptr(v, SYMM_REGION_STATE), st, sizeof *st, stream));
     SYMM_CU(cu, cuEventRecord(n->done, stream));
     return SYMM_OK;
 }
@@ -531,8 +531,8 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
      * peers' rows from the stage, in one launch over
      * every packed row (this rank's own have the slot -1, and the sum reads
      * them from y), none when every row was this rank's own. */
-    const CUdeviceptr combine_in = n->d_combine_in ? n->d_combine_in
-                                                   : symm_alloc_local(v->alloc) + d->regions[SYMM_REGION_COMBINE_IN].offset;
+    const CUdeviceptr combine_in =
+        n->d_combine_in ? n->d_combine_in : symm_variant_region_ptr(v, SYMM_REGION_COMBINE_IN);
     if (p->packed > p->self_rows)
         SYMM_TRY(launch_scatter(v, n->d_stage, n->d_stage_index, p->packed, combine_in, stream));
     SYMM_TRY(symm_variant_launch_reduce(v, y, out, combine_in, stream));

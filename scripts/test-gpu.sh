@@ -62,11 +62,12 @@ fi
 # with the ranks taking turns. ARGS hold no --variant, or only in $variants.
 native_log=
 variants=()
+at_once() { [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ]; } # w: its native check goes under MPS
 native_check() { # w label args...
     local w=$1 label=$2
     shift 2
     native_log=$(mktemp)
-    if [ "$w" -le "$ngpu" ] || [ ${#shared[@]} -eq 0 ]; then
+    if ! at_once "$w"; then
         $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${variants[@]}" | tee "$native_log"
         record "${PIPESTATUS[0]}" "$label"
         return
@@ -81,9 +82,6 @@ native_check() { # w label args...
         $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${apart[@]}"
         record $? "$label, ranks taking turns"
     fi
-}
-shared_note() { # w
-    [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ] && echo ", ranks at once under MPS"
 }
 
 # The Criterion tests (test_variant) open their variants from this manifest.
@@ -122,7 +120,7 @@ for spec in $specs; do
         grep -q "\"world\": $w," "$out/manifest.json" || continue
         extra=()
         [ "$w" -gt "$ngpu" ] && extra=(--quick --max-elems 4194304)
-        note "$name: world $w on $ngpu GPU(s), native ${extra[*]}$(shared_note "$w")"
+        note "$name: world $w on $ngpu GPU(s), native ${extra[*]}$(at_once "$w" && echo ", ranks at once under MPS")"
         variants=()
         native_check "$w" "check $name world $w native" --manifest "$out/manifest.json" "${extra[@]}"
         # The variants too large for time-sliced ranks, at a smaller max_tokens.
