@@ -58,7 +58,7 @@
 --                          output is the sum of those parts in ascending
 --                          rank, in fp32, rounded once. Only one row per
 --                          (token, rank) crosses NVLink back, as in layout
---                          "rank" (at prefill, 1.6x faster than "k" on two
+--                          "rank" (at prefill, 1.7x faster than "k" on two
 --                          H200s, bench/NOTES.md 50).
 --                   "k"    the sum of w * y over the token's experts in
 --                          ascending k, in fp32, rounded once: no
@@ -71,7 +71,7 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:69: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:87: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --
