@@ -77,6 +77,17 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
                  sg_spec *out, sg_diag *diag);
 void sg_spec_free(sg_spec *spec);
 
+/* spec.c: the checks of -D overrides that need no spec (the field exists and
+ * may be set; the value's type, range or choices), each failure reported
+ * once in diag, naming the -D. Returns the number of errors. */
+int sg_overrides_check(const sg_override *overrides, size_t n, sg_diag *diag);
+
+/* spec.c: s with every byte a terminal would act on (control characters,
+ * bytes that are not UTF-8) written as \xNN; malloc'd, NULL when out of
+ * memory. sg_is_printable: s needs no such escape. */
+char *sg_printable(const char *s);
+bool sg_is_printable(const char *s);
+
 /* Names of dtypes and layouts as written in specs ("bf16", "expert"). */
 const char *sg_dtype_name(symm_dtype d);
 const char *sg_layout_name(symm_layout l);

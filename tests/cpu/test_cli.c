@@ -926,16 +926,41 @@ Test(cli, a_hundred_variants_generate_quickly)
     result_free(&r);
 }
 
-/* A separate -D argument is read as a whole: an unknown field in it is a spec
- * error with a suggestion, never a usage error about a missing value. */
+/* A separate -D argument is read as a whole: an unknown field in it is a
+ * usage error with a suggestion, not one about a missing value. */
 Test(cli, separate_d_argument_with_unknown_field_suggests_the_field)
 {
     write_spec("s.lua", "v", 1);
     char define[64];
     FMT(define, "hiden=%d", rnd_in(1, 9) * 16);
     result r = RUN("--check", "-D", define, "s.lua");
-    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
-    cr_assert(strstr(r.err, "did you mean \"hidden\""), "stderr: %s", r.err);
+    cr_assert_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "did you mean \"hidden\"") && strstr(r.err, "symmgen --help"), "stderr: %s", r.err);
+    result_free(&r);
+}
+
+/* A -D that no spec can make right (an unknown field, a value of the wrong
+ * type or range) is a usage error (exit 2), reported once however many specs
+ * and variants there are, before any spec runs; its text is escaped. */
+Test(cli, bad_define_is_a_usage_error_reported_once)
+{
+    int n = rnd_in(2, 6);
+    write_spec("s.lua", "v", n);
+    write_spec("t.lua", "w", n);
+    write_at("never.lua", "error(\"this spec must not run\")\n");
+    static const char *const defines[][2] = {
+        {"frob=1", "-D frob=1: unknown field"},
+        {"topk=99", "-D topk=99: got 99, expected 1..16"},
+        {"combine=pul", "-D combine=pul: got \"pul\", expected \"push\" or \"pull\""},
+        {"dtype=\x1b[31mred", "-D dtype=\\x1b[31mred: got \"\\x1b[31mred\", expected"},
+    };
+    size_t k = (size_t)rnd_in(0, 3);
+    result r = RUN("--check", "-D", defines[k][0], "s.lua", "t.lua", "never.lua");
+    cr_assert_eq(r.status, 2, "-D %s: exit %d: %s", defines[k][0], r.status, r.err);
+    const char *at = strstr(r.err, defines[k][1]);
+    cr_assert(at, "-D %s: stderr lacks %s: %s", defines[k][0], defines[k][1], r.err);
+    cr_assert(!strstr(at + 1, defines[k][1]), "-D %s reported more than once: %s", defines[k][0], r.err);
+    cr_assert(!strstr(r.err, "must not run") && !strchr(r.err, '\x1b'), "stderr: %s", r.err);
     result_free(&r);
 }
 
