@@ -1568,8 +1568,9 @@ static void put_value(wire *w, const raw_value *v)
     memcpy(&head[2], &v->f, sizeof v->f);
     put(w, head, sizeof head);
     if (v->kind == RAW_STRING) {
+        /* (The kept bytes may hold a NUL: keep_string's count, not strlen.) */
         put_u64(w, v->len);
-        put_bytes(w, v->s, strlen(v->s));
+        put_bytes(w, v->s, v->len < KEEP_STRING ? v->len : KEEP_STRING);
     }
 }
 
@@ -1592,7 +1593,7 @@ static void take_value(wire *w, raw_value *v)
         v->len = (size_t)take_u64(w);
         size_t kept = 0;
         v->s = take_bytes(w, &kept);
-        if (!v->s || kept > KEEP_STRING || kept > v->len)
+        if (!v->s || kept != (v->len < KEEP_STRING ? v->len : KEEP_STRING))
             w->failed = true;
     }
 }

@@ -1518,6 +1518,22 @@ Test(spec, override_echo_escapes_control_bytes)
                       diag.messages[i]);
 }
 
+/* A field's string value with a NUL inside comes back from the spec's
+ * process whole: the message shows every byte kept, the same on every run. */
+Test(spec, string_value_with_a_nul_is_shown_whole)
+{
+    shape a = random_shape();
+    unsigned tail = rnd(100, 999);
+    const char *path = write_file("spec.lua", "%slayout { %s, dtype = \"a\\0b%u\" }\n", padding(),
+                                  fields(&a), tail);
+    for (int run = 0; run < 3; run++) {
+        cr_assert(load(path) == -1);
+        expect_message("%s:%d: variant %s: field dtype: got \"a\\x00b%u\", expected \"bf16\", \"fp16\", \"fp32\" "
+                       "or \"fp8_e4m3\"", path, pad_lines + 1, a.name, tail);
+        expect_count(1);
+    }
+}
+
 /* error("a\0b"): the whole message, its NUL escaped. */
 Test(spec, error_message_with_a_nul_is_not_cut)
 {
