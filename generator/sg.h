@@ -253,16 +253,23 @@ typedef struct sg_output {
 /* output.c: with compile set, NVRTC-compile every variant first; then write
  * each output into a fresh directory beside its target and swap them all
  * into place. All or nothing: on any failure every target is left exactly as
- * it was (refusing to replace one that is not a symmgen output directory),
- * and the status says why (SG_EXIT_ERROR, SG_EXIT_COMPILE). Files 0644,
+ * it was (refusing to replace one that is not a symmgen output directory,
+ * as sg_output_check_target says, checked again on the old tree once it is
+ * swapped out), and the status says why (SG_EXIT_ERROR, SG_EXIT_COMPILE).
+ * Two runs writing one new target at once end like two later runs (the last
+ * one's output in place). Staging directories that a writer which died left
+ * beside a target are removed. An old tree that cannot be deleted after a
+ * successful swap is a "warning: ..." in diag with SG_EXIT_OK. Files 0644,
  * directories 0755; missing parents are created. */
 int sg_output_write(const sg_output *outs, size_t n, const sg_compile_opts *compile, sg_diag *diag);
 
 /* output.c: SG_EXIT_OK when dir does not exist or may be replaced by
  * sg_output_write: an empty directory, or one whose manifest.json is a JSON
  * object with "format": SG_MANIFEST_FORMAT and a "symmgen" string and which
- * holds only regular files that manifest lists. Else SG_EXIT_ERROR with the
- * reason in diag. */
+ * holds only regular files that manifest lists as a variant's "cu", "h" or
+ * "c" (plain names) and that still match the hashes it records (the .cu its
+ * source_sha256; the .h and .c, with their .cu, its content_sha256): symmgen
+ * deletes nothing else. Else SG_EXIT_ERROR with the reason in diag. */
 int sg_output_check_target(const char *dir, sg_diag *diag);
 
 #endif

@@ -625,6 +625,51 @@ Test(cli, refuses_a_directory_with_a_foreign_manifest_and_keeps_its_files)
     sg_buf_free(&after);
 }
 
+/* The review's reproducer: d/manifest.json names the user's d/mydata.txt;
+ * `symmgen -o d spec.lua` must not delete it. Nor a generated file edited
+ * by hand since: its hash no longer matches the manifest's. */
+Test(cli, files_a_manifest_names_without_a_matching_hash_are_never_deleted)
+{
+    write_spec("spec.lua", "v", rnd_in(1, 3));
+    mkdir_at("d");
+    write_at("d/manifest.json", "{\"format\":1,\"symmgen\":\"x\",\"variants\":[{\"files\":{\"a\":\"mydata.txt\"}}]}");
+    char text[32];
+    FMT(text, "mine %u\n", rnd());
+    write_at("d/mydata.txt", text);
+    sg_buf before = {0}, after = {0};
+    snapshot_work(&before);
+    result r = RUN("-o", "d", "spec.lua");
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "d exists and is not a symmgen output directory") && strstr(r.err, "nothing was written"),
+              "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "d changed");
+    result_free(&r);
+
+    r = RUN("-q", "-o", "e", "spec.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    char *h = read_at("e/v0.h", NULL);
+    cr_assert(h);
+    sg_buf edited = {0};
+    sg_buf_puts(&edited, h);
+    sg_buf_puts(&edited, "/* a note of mine */\n");
+    write_at("e/v0.h", edited.data);
+    free(h);
+    sg_buf_free(&edited);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    snapshot_work(&before);
+    r = RUN("-o", "e", "spec.lua");
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "was changed since symmgen wrote it"), "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "e changed although one of its files was edited");
+    result_free(&r);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+}
+
 Test(cli, write_error_exits_1_naming_the_file_and_keeps_the_output)
 {
     write_spec("s.lua", "v", 2);
