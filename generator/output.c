@@ -143,12 +143,14 @@ static const symm_json *our_manifest(const char *text, size_t len, symm_json_doc
                                      size_t why_size)
 {
     int line = 0, col = 0;
-    char err[128] = "";
+    char err[256] = "";
     int rc = symm_json_parse(text, len, doc, &line, &col, err, sizeof err);
     if (rc != SYMM_JSON_OK) {
         *doc = NULL;
         if (rc == SYMM_JSON_NOMEM)
             snprintf(why, why_size, "manifest.json: out of memory reading it");
+        else if (rc == SYMM_JSON_TOO_LARGE)
+            snprintf(why, why_size, "manifest.json: %s", err);
         else
             snprintf(why, why_size, "manifest.json is not JSON: line %d, column %d: %s", line, col, err);
         return NULL;
