@@ -22,7 +22,8 @@ static const char usage_text[] =
     "                   only with a single SPEC); replaced as a whole, atomically, and\n"
     "                   only if empty or holding nothing but a previous symmgen output\n"
     "  -D FIELD=VALUE, --define=FIELD=VALUE\n"
-    "                   set FIELD to VALUE in every variant (repeatable)\n"
+    "                   set FIELD to VALUE in every variant (repeatable); an unknown\n"
+    "                   FIELD or a VALUE no variant can take is a usage error\n"
     "  --list           print the variants, one per line; write nothing\n"
     "  --list --json    the same as a JSON array of the manifest's variant objects\n"
     "  --check          validate the specs; write nothing (with --compile: compile too)\n"
@@ -32,6 +33,9 @@ static const char usage_text[] =
     "  -q, --quiet      print errors only\n"
     "  -h, --help       this text\n"
     "  --version        print the version\n"
+    "\n"
+    "A spec runs in a process of its own, stopped after SYMM_SPEC_TIMEOUT seconds\n"
+    "(default 10).\n"
     "\n"
     "Exit status: 0 success, 1 spec or output error, 2 usage error, 3 NVRTC error.\n";
 
