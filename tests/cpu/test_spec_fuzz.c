@@ -74,6 +74,8 @@ static void add(text *t, const char *s, size_t n)
     t->data[t->len] = '\0';
 }
 
+static void add_str(text *t, const char *s) { add(t, s, strlen(s)); }
+
 static void addf(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void addf(text *t, const char *fmt, ...)
 {
@@ -107,19 +109,14 @@ static void value(text *t)
         "\"symm_x\"", "\"_x\"", "\"int\"", "\"x_t\"", "\"cuInit\"", "\"NULL\"", "\"malloc\"",
     };
     switch (below(4)) {
-    case 0:
-        add(t, PICK(odd), strlen(PICK(odd)));
-        break;
     case 1:
         addf(t, "%d", (int)below(9000) - 100);
         break;
     case 2:
         addf(t, "%u * %u", below(300), 1u << below(12));
         break;
-    default: {
-        const char *s = PICK(odd);
-        add(t, s, strlen(s));
-    }
+    default:
+        add_str(t, PICK(odd));
     }
 }
 
@@ -304,7 +301,7 @@ static void make_spec(text *spec, text *mod, unsigned round)
         return;
     }
     for (unsigned k = below(5); k > 0; k--)
-        add(mod, PICK(cheap_pieces), strlen(PICK(cheap_pieces)));
+        add_str(mod, PICK(cheap_pieces));
     add(mod, "return { n = 1 }\n", 17);
     for (unsigned k = 1 + below(8); k > 0; k--) {
         const char *piece = NULL;
