@@ -72,7 +72,9 @@ typedef struct sg_override {
 
 /* spec.c: run SPEC in the sandbox, collect its layout { } calls, apply the
  * overrides and defaults, validate. On failure returns -1 with every error in
- * diag and *out untouched. */
+ * diag and *out untouched. The Lua part runs in a child process (fork, no
+ * exec) that is killed after SYMM_SPEC_TIMEOUT seconds (read once; default
+ * 10): call it where forking is safe (before starting threads). */
 int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overrides,
                  sg_spec *out, sg_diag *diag);
 void sg_spec_free(sg_spec *spec);

@@ -831,7 +831,7 @@ static bool lua_position(lua_State *L, int level, lua_Debug *ar)
 static int spec_msgh(lua_State *L)
 {
     int type = lua_type(L, 1);
-    size_t len;
+    size_t len = 0;
     const char *msg;
     if (type == LUA_TSTRING || type == LUA_TNUMBER)
         msg = lua_tolstring(L, 1, &len);
