@@ -3,7 +3,8 @@
 #   make            build build/bin/symmgen, build/bin/symmrun, build/lib/libsymm.{a,so}
 #   make run        generate specs/default.lua and NVRTC-compile every variant
 #                   (plus a GPU self-check where GPUs are present)
-#   make test       CPU tests (Criterion); SAN=1 builds them with ASan+UBSan
+#   make test       CPU tests (Criterion); SAN=1 builds them with ASan+UBSan;
+#                   FUZZ_SECONDS=N runs the spec fuzzer N seconds (default 3, SAN=1: 30)
 #   make test-gpu   GPU tests through symmrun (prints "skipped: no GPU" without one);
 #                   MPS=1: ranks sharing a GPU run at once under CUDA MPS
 #   make bench      benchmarks (GPU host)
@@ -20,6 +21,13 @@ else
 BUILD     ?= build
 endif
 SPEC      ?= specs/default.lua
+# Seconds of the spec fuzzer (tests/cpu/test_spec_fuzz.c) in make test:
+# a short pass, a longer one under the sanitizers.
+ifeq ($(SAN),1)
+FUZZ_SECONDS ?= 30
+else
+FUZZ_SECONDS ?= 3
+endif
 # make test-gpu checks every spec (scripts/test-gpu.sh) unless SPEC is given.
 GPU_SPEC  := $(if $(filter file,$(origin SPEC)),,$(SPEC))
 VERSION   := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
@@ -168,7 +176,7 @@ run: deps
 
 test: test-deps
 	@$(MAKE) --no-print-directory all $(CPU_TESTS)
-	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/run-tests.sh $(CPU_TESTS)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-tests.sh $(CPU_TESTS)
 
 test-gpu:
 	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK)

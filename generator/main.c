@@ -22,7 +22,8 @@ static const char usage_text[] =
     "                   only with a single SPEC); replaced as a whole, atomically, and\n"
     "                   only if empty or holding nothing but a previous symmgen output\n"
     "  -D FIELD=VALUE, --define=FIELD=VALUE\n"
-    "                   set FIELD to VALUE in every variant (repeatable)\n"
+    "                   set FIELD to VALUE in every variant (repeatable); an unknown\n"
+    "                   FIELD or a VALUE no variant can take is a usage error\n"
     "  --list           print the variants, one per line; write nothing\n"
     "  --list --json    the same as a JSON array of the manifest's variant objects\n"
     "  --check          validate the specs; write nothing (with --compile: compile too)\n"
@@ -32,6 +33,9 @@ static const char usage_text[] =
     "  -q, --quiet      print errors only\n"
     "  -h, --help       this text\n"
     "  --version        print the version\n"
+    "\n"
+    "A spec runs in a process of its own, stopped after SYMM_SPEC_TIMEOUT seconds\n"
+    "(default 10).\n"
     "\n"
     "Exit status: 0 success, 1 spec or output error, 2 usage error, 3 NVRTC error.\n";
 
@@ -45,12 +49,31 @@ typedef struct options {
     size_t n_specs;
 } options;
 
+/* arg comes from the command line: shown with control bytes escaped. */
 static int usage_error(const char *fmt, const char *arg)
 {
+    char *shown = sg_printable(arg);
     fputs("symmgen: ", stderr);
-    fprintf(stderr, fmt, arg);
+    fprintf(stderr, fmt, shown ? shown : "(out of memory)");
     fputs("\nTry 'symmgen --help'.\n", stderr);
+    free(shown);
     return SG_EXIT_USAGE;
+}
+
+/* Every -D is checked once, before any spec runs: an unknown field, or a
+ * value wrong whatever the spec says, is a usage error reported once. */
+static int check_overrides(const options *o)
+{
+    sg_diag diag = {0};
+    int status = SG_EXIT_OK;
+    if (o->n_overrides && sg_overrides_check(o->overrides, o->n_overrides, &diag) != 0) {
+        for (size_t i = 0; i < diag.count; i++)
+            fprintf(stderr, "symmgen: %s\n", diag.messages[i]);
+        fputs("Try 'symmgen --help'.\n", stderr);
+        status = SG_EXIT_USAGE;
+    }
+    sg_diag_free(&diag);
+    return status;
 }
 
 /* The value of an option given as "-o DIR", "-oDIR", "--output DIR" or
@@ -199,9 +222,12 @@ static int check_targets(const options *o, char **targets)
                                             o->specs[i]);
         for (size_t j = 0; j < i; j++)
             if (strcmp(targets[i], targets[j]) == 0) {
+                char *a = sg_printable(o->specs[j]), *b = sg_printable(o->specs[i]), *t = sg_printable(targets[i]);
                 fprintf(stderr, "symmgen: %s and %s would both write %s: rename one, or run symmgen "
-                        "once per spec with -o\nTry 'symmgen --help'.\n", o->specs[j], o->specs[i],
-                        targets[i]);
+                        "once per spec with -o\nTry 'symmgen --help'.\n", a ? a : "?", b ? b : "?", t ? t : "?");
+                free(a);
+                free(b);
+                free(t);
                 return SG_EXIT_USAGE;
             }
     }
@@ -356,9 +382,12 @@ static int write_outputs(const options *o, const sg_spec *specs, sg_generated **
     free(outs);
     if (status != SG_EXIT_OK || o->quiet)
         return status;
-    for (size_t s = 0; s < o->n_specs; s++)
-        fprintf(stderr, "wrote %s (%zu variant%s, %zu files)\n", targets[s], specs[s].count,
+    for (size_t s = 0; s < o->n_specs; s++) {
+        char *shown = sg_printable(targets[s]);
+        fprintf(stderr, "wrote %s (%zu variant%s, %zu files)\n", shown ? shown : targets[s], specs[s].count,
                 specs[s].count == 1 ? "" : "s", 3 * specs[s].count + 1);
+        free(shown);
+    }
     fprintf(stderr, "symmgen: %zu variant%s in %.0f ms\n", variants, variants == 1 ? "" : "s", now_ms() - start);
     return status;
 }
@@ -394,6 +423,8 @@ int main(int argc, char **argv)
     int status = parse_args(argc, argv, &o);
     if (status == SG_EXIT_OK)
         status = check_combination(&o);
+    if (status == SG_EXIT_OK)
+        status = check_overrides(&o);
 
     char **targets = calloc(o.n_specs + 1, sizeof *targets);
     sg_spec *specs = calloc(o.n_specs + 1, sizeof *specs);

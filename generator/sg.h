@@ -74,10 +74,23 @@ typedef struct sg_override {
 
 /* spec.c: run SPEC in the sandbox, collect its layout { } calls, apply the
  * overrides and defaults, validate. On failure returns -1 with every error in
- * diag and *out untouched. */
+ * diag and *out untouched. The Lua part runs in a child process (fork, no
+ * exec) that is killed after SYMM_SPEC_TIMEOUT seconds (read once; default
+ * 10): call it where forking is safe (before starting threads). */
 int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overrides,
                  sg_spec *out, sg_diag *diag);
 void sg_spec_free(sg_spec *spec);
+
+/* spec.c: the checks of -D overrides that need no spec (the field exists and
+ * may be set; the value's type, range or choices), each failure reported
+ * once in diag, naming the -D. Returns the number of errors. */
+int sg_overrides_check(const sg_override *overrides, size_t n, sg_diag *diag);
+
+/* spec.c: s with every byte a terminal would act on (control characters,
+ * bytes that are not UTF-8) written as \xNN; malloc'd, NULL when out of
+ * memory. sg_is_printable: s needs no such escape. */
+char *sg_printable(const char *s);
+bool sg_is_printable(const char *s);
 
 /* Names of dtypes and layouts as written in specs ("bf16", "expert"). */
 const char *sg_dtype_name(symm_dtype d);
@@ -244,16 +257,23 @@ typedef struct sg_output {
 /* output.c: with compile set, NVRTC-compile every variant first; then write
  * each output into a fresh directory beside its target and swap them all
  * into place. All or nothing: on any failure every target is left exactly as
- * it was (refusing to replace one that is not a symmgen output directory),
- * and the status says why (SG_EXIT_ERROR, SG_EXIT_COMPILE). Files 0644,
+ * it was (refusing to replace one that is not a symmgen output directory,
+ * as sg_output_check_target says, checked again on the old tree once it is
+ * swapped out), and the status says why (SG_EXIT_ERROR, SG_EXIT_COMPILE).
+ * Two runs writing one new target at once end like two later runs (the last
+ * one's output in place). Staging directories that a writer which died left
+ * beside a target are removed. An old tree that cannot be deleted after a
+ * successful swap is a "warning: ..." in diag with SG_EXIT_OK. Files 0644,
  * directories 0755; missing parents are created. */
 int sg_output_write(const sg_output *outs, size_t n, const sg_compile_opts *compile, sg_diag *diag);
 
 /* output.c: SG_EXIT_OK when dir does not exist or may be replaced by
  * sg_output_write: an empty directory, or one whose manifest.json is a JSON
  * object with "format": SG_MANIFEST_FORMAT and a "symmgen" string and which
- * holds only regular files that manifest lists. Else SG_EXIT_ERROR with the
- * reason in diag. */
+ * holds only regular files that manifest lists as a variant's "cu", "h" or
+ * "c" (plain names) and that still match the hashes it records (the .cu its
+ * source_sha256; the .h and .c, with their .cu, its content_sha256): symmgen
+ * deletes nothing else. Else SG_EXIT_ERROR with the reason in diag. */
 int sg_output_check_target(const char *dir, sg_diag *diag);
 
 #endif

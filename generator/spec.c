@@ -7,16 +7,27 @@
  * (no os, io, debug, package, load), a memory cap (our allocator), an
  * instruction cap (a count hook), and a guard on the one library routine
  * that can run for hours in C where the hook cannot see it (pattern
- * matching). Values are copied out of Lua at each layout call, so the Lua
- * state is closed before validation starts. */
+ * matching). All of that runs in a child process that is killed at a
+ * deadline (SYMM_SPEC_TIMEOUT), which bounds whatever the caps miss. Values
+ * are copied out of Lua at each layout call and sent back to this process,
+ * which validates them with the Lua state long gone. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -42,10 +53,17 @@
 /* Bytes a spec allocates charged as one instruction: one VM instruction can
  * copy a long string (s .. "x"), which a loop repeats at no count. */
 #define SPEC_ALLOC_BYTES_PER_INSTRUCTION 16
-/* CPU seconds a spec may run at all, whatever the counts say: a backstop
- * for work in C that nothing charges (comparing two long strings with ==,
- * one memcmp an instruction). Checked by the count hook. */
-#define SPEC_MAX_CPU_SECONDS 10.0
+/* Seconds a spec may run at all, whatever the counts say (SYMM_SPEC_TIMEOUT
+ * sets them): the child process that runs it is killed at the deadline. */
+#define SPEC_TIMEOUT_DEFAULT 10.0
+#define SPEC_TIMEOUT_MIN 0.1
+#define SPEC_TIMEOUT_MAX 86400.0
+/* What a child may send back: the layout calls of the most variants, each
+ * string kept to KEEP_STRING bytes, fit many times over. */
+#define SPEC_REPLY_MAX ((size_t)256 << 20)
+/* Address space a child may add to what it inherits: the Lua heap's cap and
+ * the copies of its layout calls, with room to spare. */
+#define SPEC_CHILD_EXTRA_MEMORY ((size_t)1 << 30)
 /* Attempts of one pattern match allowed, seconds at worst. */
 #define PATTERN_MAX_COST 1.0e9
 /* Per-rank receive and combine buffers of the worst case. */
@@ -203,7 +221,6 @@ typedef struct raw_variant {
 /* Everything one sg_spec_load owns; the Lua state's allocator data. */
 typedef struct spec_run {
     lua_State *L;            /* once created: the allocator charges the budget through it */
-    double cpu_start;        /* this thread's CPU time when the spec started, seconds */
     const char *path;        /* the spec, as given */
     char *dir;               /* prefix of sibling modules: "specs/" or "" */
     char **sources;          /* chunk index -> file path; 0 is the spec */
@@ -268,17 +285,22 @@ static bool raw_is(const raw_value *v, const char *literal)
     return v->kind == RAW_STRING && v->len == n && memcmp(v->s, literal, n) == 0;
 }
 
+/* type_phrase's answers (numbered on the wire from a spec's process). */
+static const char *const other_phrases[] = {
+    "a table", "a function", "a userdata", "a coroutine", "nil", "a value",
+};
+
 static const char *type_phrase(int type)
 {
     switch (type) {
-    case LUA_TTABLE: return "a table";
-    case LUA_TFUNCTION: return "a function";
-    case LUA_TUSERDATA: return "a userdata";
-    case LUA_TLIGHTUSERDATA: return "a userdata";
-    case LUA_TTHREAD: return "a coroutine";
-    case LUA_TNIL: return "nil";
+    case LUA_TTABLE: return other_phrases[0];
+    case LUA_TFUNCTION: return other_phrases[1];
+    case LUA_TUSERDATA: return other_phrases[2];
+    case LUA_TLIGHTUSERDATA: return other_phrases[2];
+    case LUA_TTHREAD: return other_phrases[3];
+    case LUA_TNIL: return other_phrases[4];
     }
-    return "a value";
+    return other_phrases[5];
 }
 
 /* Appends to buf (of size VALUE_BUF) as much as fits. */
@@ -324,12 +346,69 @@ static void format_value(char *buf, const raw_value *v)
     buf[0] = '\0';
     switch (v->kind) {
     case RAW_INT: append(buf, "%lld", (long long)v->i); break;
-    case RAW_FLOAT: append(buf, "%.14g", v->f); break;
+    case RAW_FLOAT:
+        /* An integral float in full (2^63 is 9223372036854775808, not 9.2233720368548e+18). */
+        if (v->f == floor(v->f) && fabs(v->f) < 1e20)
+            append(buf, "%.0f", v->f);
+        else
+            append(buf, "%.14g", v->f);
+        break;
     case RAW_BOOL: append(buf, "%s", v->b ? "true" : "false"); break;
     case RAW_STRING: quote(buf, v->s, v->len); break;
     case RAW_OTHER: append(buf, "%s", v->other); break;
     case RAW_ABSENT: append(buf, "nothing"); break;
     }
+}
+
+/* Bytes of the UTF-8 sequence at p (before end) that a terminal shows as
+ * text: 1..4, or 0 for a control character (C0, DEL, C1) or a byte that
+ * does not start a valid sequence (overlong, a surrogate, past U+10FFFF). */
+static size_t printable_utf8(const unsigned char *p, const unsigned char *end)
+{
+    if (*p < 0x80)
+        return *p >= 0x20 && *p != 0x7f;
+    size_t n = *p >= 0xf0 ? 4 : *p >= 0xe0 ? 3 : *p >= 0xc2 ? 2 : 0;
+    if (n == 0 || *p > 0xf4 || (size_t)(end - p) < n)
+        return 0;
+    uint32_t cp = *p & (0x7f >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    bool overlong = (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
+    if (overlong || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp < 0xa0))
+        return 0;
+    return n;
+}
+
+char *sg_printable(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+    char *out = malloc((size_t)(end - p) * 4 + 1), *o = out;
+    if (!out)
+        return NULL;
+    while (p < end) {
+        size_t n = printable_utf8(p, end);
+        if (n == 0) {
+            o += sprintf(o, "\\x%02x", *p++);
+            continue;
+        }
+        memcpy(o, p, n);
+        o += n;
+        p += n;
+    }
+    *o = '\0';
+    return out;
+}
+
+bool sg_is_printable(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+    for (size_t n; p < end; p += n)
+        if ((n = printable_utf8(p, end)) == 0)
+            return false;
+    return true;
 }
 
 static bool is_identifier(const char *s, size_t len)
@@ -505,16 +584,36 @@ static void unknown_field_advice(char *buf, const char *key, size_t len)
 /* ------------------------------------------------------------------------
  * Files and chunk names */
 
-/* Reads a whole file. Returns 0, or an errno value (EFBIG: over the size cap). */
-static int read_file(const char *path, char **text, size_t *len)
+/* read_file's answer for a path that is not a regular file (errno values
+ * are positive). */
+#define NOT_REGULAR (-1)
+
+/* Reads a whole regular file. Returns 0, or an errno value (EFBIG: over the
+ * size cap, EISDIR: a directory), or NOT_REGULAR with *kind saying what it
+ * is. Opened without blocking and checked on the descriptor: a FIFO, socket
+ * or device named as a spec or module is refused, never waited on. */
+static int read_file(const char *path, char **text, size_t *len, const char **kind)
 {
     const size_t limit = (size_t)SPEC_MAX_FILE_MIB << 20;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
         return errno;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    int err = buf ? 0 : ENOMEM;
+    struct stat st;
+    int err = fstat(fd, &st) != 0 ? errno : 0;
+    if (err == 0 && S_ISDIR(st.st_mode))
+        err = EISDIR;
+    else if (err == 0 && !S_ISREG(st.st_mode)) {
+        *kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+              : S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+              : "not a regular file";
+        err = NOT_REGULAR;
+    } else if (err == 0 && (uint64_t)st.st_size > limit)
+        err = EFBIG;
+    size_t cap = err == 0 ? (size_t)st.st_size + 1 : 0, n = 0;
+    char *buf = cap ? malloc(cap) : NULL;
+    if (err == 0 && !buf)
+        err = ENOMEM;
+    /* The size may change while it is read: read to the end, within the cap. */
     while (err == 0) {
         if (n == cap) {
             char *grown = cap > limit ? NULL : realloc(buf, cap * 2);
@@ -525,15 +624,16 @@ static int read_file(const char *path, char **text, size_t *len)
             buf = grown;
             cap *= 2;
         }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f))
-                err = errno ? errno : EIO;
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            err = errno;
+        if (got <= 0)
             break;
-        }
+        n += (size_t)got;
     }
-    fclose(f);
+    close(fd);
     if (err == 0 && n > limit)
         err = EFBIG;
     if (err != 0) {
@@ -545,11 +645,13 @@ static int read_file(const char *path, char **text, size_t *len)
     return 0;
 }
 
-static void read_error_text(char *buf, int err)
+static void read_error_text(char *buf, int err, const char *kind)
 {
     buf[0] = '\0';
     if (err == EFBIG)
         append(buf, "too large for a spec (more than %d MiB)", SPEC_MAX_FILE_MIB);
+    else if (err == NOT_REGULAR)
+        append(buf, "cannot read: %s, expected a regular file", kind);
     else
         append(buf, "cannot read: %s", strerror(err));
 }
@@ -592,9 +694,10 @@ static size_t source_of(const spec_run *run, const char *chunkname)
     return index < 0 ? 0 : (size_t)index;
 }
 
-/* A message from Lua made presentable: chunk markers replaced by paths,
- * control bytes escaped, one line, at most MESSAGE_MAX bytes of the text. */
-static char *expand_message(const spec_run *run, const char *msg)
+/* A message from Lua (len bytes, NULs included) made presentable: chunk
+ * markers replaced by paths, control bytes escaped, one line, at most
+ * MESSAGE_MAX bytes of the text. */
+static char *expand_message(const spec_run *run, const char *msg, size_t len)
 {
     size_t cap = MESSAGE_MAX * 4 + 64, n = 0;
     for (size_t i = 0; i < run->n_sources; i++)
@@ -603,10 +706,10 @@ static char *expand_message(const spec_run *run, const char *msg)
     if (!out)
         return NULL;
     size_t shown = 0;
-    const char *p = msg;
-    if (*p != MARK)
+    const char *p = msg, *end_of_msg = msg + len;
+    if (len == 0 || *p != MARK)
         n += (size_t)snprintf(out, cap, "%s: ", run->path);
-    while (*p && shown < MESSAGE_MAX && n + 8 < cap) {
+    while (p < end_of_msg && shown < MESSAGE_MAX && n + 8 < cap) {
         const char *end;
         long src = marker_at(run, p, &end);
         if (src >= 0) {
@@ -627,7 +730,7 @@ static char *expand_message(const spec_run *run, const char *msg)
         else
             out[n++] = (char)c;
     }
-    if (*p)
+    if (p < end_of_msg)
         n += (size_t)snprintf(out + n, cap - n, "...");
     out[n] = '\0';
     return out;
@@ -692,7 +795,7 @@ static void spec_hook(lua_State *L, lua_Debug *ar)
     spec_run *run = run_of(L);
     if (!run->too_long) {
         run->instructions += SPEC_HOOK_EVERY;
-        if (run->instructions <= SPEC_MAX_INSTRUCTIONS && cpu_seconds() - run->cpu_start <= SPEC_MAX_CPU_SECONDS)
+        if (run->instructions <= SPEC_MAX_INSTRUCTIONS)
             return;
         run->too_long = true;
         lua_sethook(L, spec_hook, LUA_MASKCOUNT, 1);
@@ -730,20 +833,23 @@ static bool lua_position(lua_State *L, int level, lua_Debug *ar)
 static int spec_msgh(lua_State *L)
 {
     int type = lua_type(L, 1);
+    size_t len = 0;
     const char *msg;
     if (type == LUA_TSTRING || type == LUA_TNUMBER)
-        msg = lua_tostring(L, 1);
+        msg = lua_tolstring(L, 1, &len);
     else
         msg = lua_pushfstring(L, "error raised with %s, expected a message string", type_phrase(type));
-    if (msg[0] == MARK) {
-        lua_pushstring(L, msg);
+    /* The message as a Lua string, all of it (error("a\0b") holds a NUL). */
+    int at = lua_gettop(L);
+    if (msg[0] == MARK)
         return 1;
-    }
     lua_Debug ar;
     if (lua_position(L, 1, &ar))
-        lua_pushfstring(L, "%s:%d: %s", ar.short_src, ar.currentline, msg);
+        lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
     else
-        lua_pushfstring(L, "%c0%c: %s", MARK, MARK, msg);
+        lua_pushfstring(L, "%c0%c: ", MARK, MARK);
+    lua_pushvalue(L, at);
+    lua_concat(L, 2);
     return 1;
 }
 
@@ -893,12 +999,13 @@ static int run_module(lua_State *L, spec_run *run, const char *name)
         return luaL_error(L, "require \"%s\": out of memory", name);
     char *text;
     size_t len;
-    int err = read_file(path, &text, &len);
+    const char *kind = NULL;
+    int err = read_file(path, &text, &len, &kind);
     if (err == ENOENT)
         return luaL_error(L, "require \"%s\": no file %s.lua next to the spec", name, name);
     if (err != 0) {
         char why[VALUE_BUF];
-        read_error_text(why, err);
+        read_error_text(why, err, kind);
         return luaL_error(L, "require \"%s\": %s: %s", name, path, why);
     }
     char chunk[32];
@@ -1086,7 +1193,8 @@ static int guarded_table(lua_State *L)
 }
 
 /* string.rep of an empty string and separator loops n times in C to build
- * "": answered here instead. */
+ * "": answered here instead, for any count the library takes (an integer,
+ * or a float or string holding one). */
 static int guarded_rep(lua_State *L)
 {
     size_t len = 1, sep_len = 0;
@@ -1096,7 +1204,9 @@ static int guarded_rep(lua_State *L)
         lua_tolstring(L, 3, &sep_len);
     else if (!lua_isnoneornil(L, 3))
         sep_len = 1;
-    if (len == 0 && sep_len == 0 && lua_isinteger(L, 2)) {
+    int count_ok = 0;
+    lua_tointegerx(L, 2, &count_ok);
+    if (len == 0 && sep_len == 0 && count_ok) {
         lua_pushliteral(L, "");
         return 1;
     }
@@ -1262,6 +1372,15 @@ static void build_env(lua_State *L, spec_run *run)
     lua_remove(L, env - 1);
 }
 
+static double spec_timeout(void);
+
+static void report_too_long(const spec_run *run, sg_diag *diag)
+{
+    sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions, with the time of string functions "
+                "and the bytes allocated counted in, or more than %g s; SYMM_SPEC_TIMEOUT sets the seconds)",
+                run->path, SPEC_MAX_INSTRUCTIONS, spec_timeout());
+}
+
 static int run_protected(lua_State *L)
 {
     spec_run *run = run_of(L);
@@ -1293,7 +1412,6 @@ static int run_spec(spec_run *run, sg_diag *diag)
         return -1;
     }
     run->L = L;
-    run->cpu_start = cpu_seconds();
     lua_sethook(L, spec_hook, LUA_MASKCOUNT, SPEC_HOOK_EVERY);
     lua_pushcfunction(L, spec_msgh);
     lua_pushcfunction(L, run_protected);
@@ -1301,18 +1419,17 @@ static int run_spec(spec_run *run, sg_diag *diag)
     char *msg = NULL;
     bool oom = st == LUA_ERRMEM;
     if (st != LUA_OK && !oom) {
-        const char *m = lua_tostring(L, -1);
+        size_t len = 0;
+        const char *m = lua_tolstring(L, -1, &len);
         oom = run->out_of_memory && (!m || ends_with(m, "not enough memory"));
-        msg = oom ? NULL : expand_message(run, m ? m : "unknown error");
+        msg = oom ? NULL : m ? expand_message(run, m, len) : expand_message(run, "unknown error", 13);
         oom = oom || !msg;
     }
     run->finished = true;
     run->L = NULL;
     lua_close(L);
     if (run->too_long)
-        sg_diag_add(diag, "%s: spec ran too long (more than %lld instructions, with the time of string "
-                    "functions and the bytes allocated counted in, or %g s of CPU)", run->path,
-                    SPEC_MAX_INSTRUCTIONS, SPEC_MAX_CPU_SECONDS);
+        report_too_long(run, diag);
     else if (oom)
         sg_diag_add(diag, "%s: out of memory (a spec may use at most %d MiB)", run->path,
                     SPEC_MAX_MEMORY_MIB);
@@ -1320,6 +1437,401 @@ static int run_spec(spec_run *run, sg_diag *diag)
         sg_diag_add(diag, "%s", msg);
     free(msg);
     return st == LUA_OK && !run->too_long ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------------
+ * The spec's own process
+ *
+ * The counts above price what a spec does in Lua and in most library calls,
+ * and give the same answer on every run; but one C call can loop for hours
+ * where no hook runs (string.rep of a float count, a find costing n*m, a
+ * back-reference, table.insert shifting millions of elements, a message
+ * handler that Lua runs with hooks off), and no price list covers every
+ * call. A timer in this process could only set a hook, which such a call
+ * never reaches. So the spec runs in a child process, killed at a deadline:
+ * that stops any call, frees all its memory at once (its address space is
+ * capped too) and leaves this process as it was. The child sends back what
+ * the run left in memory (the layout calls, the files it required, its
+ * messages), so validation and every message are those of a run in place. */
+
+static struct {
+    double seconds;
+    char error[VALUE_BUF + 160]; /* why SYMM_SPEC_TIMEOUT was refused; "" when it was not */
+} spec_limit;
+static pthread_once_t spec_limit_once = PTHREAD_ONCE_INIT;
+
+static void read_spec_limit(void)
+{
+    const char *v = getenv("SYMM_SPEC_TIMEOUT");
+    spec_limit.seconds = SPEC_TIMEOUT_DEFAULT;
+    if (!v)
+        return;
+    char *end = NULL;
+    errno = 0;
+    double s = *v && strspn(v, "0123456789.") == strlen(v) ? strtod(v, &end) : NAN;
+    if (end && *end == '\0' && errno == 0 && s >= SPEC_TIMEOUT_MIN && s <= SPEC_TIMEOUT_MAX) {
+        spec_limit.seconds = s;
+        return;
+    }
+    char shown[VALUE_BUF];
+    quote(shown, v, strlen(v));
+    snprintf(spec_limit.error, sizeof spec_limit.error, "SYMM_SPEC_TIMEOUT=%s: expected the seconds a spec "
+             "may run, a number in %g..%g (default %g)", shown, SPEC_TIMEOUT_MIN, SPEC_TIMEOUT_MAX,
+             SPEC_TIMEOUT_DEFAULT);
+}
+
+static double spec_timeout(void)
+{
+    pthread_once(&spec_limit_once, read_spec_limit);
+    return spec_limit.seconds;
+}
+
+/* The reply: a byte string the child writes and the parent reads back. */
+typedef struct wire {
+    char *data;
+    size_t len, cap;
+    bool failed;          /* out of memory (writing), or short or malformed (reading) */
+    size_t at;            /* reading: the next byte */
+} wire;
+
+static void put(wire *w, const void *p, size_t n)
+{
+    if (w->failed)
+        return;
+    if (w->cap - w->len < n) {
+        size_t cap = w->cap ? w->cap : 4096;
+        while (cap - w->len < n)
+            cap *= 2;
+        char *grown = realloc(w->data, cap);
+        if (!grown) {
+            w->failed = true;
+            return;
+        }
+        w->data = grown;
+        w->cap = cap;
+    }
+    memcpy(w->data + w->len, p, n);
+    w->len += n;
+}
+
+static void put_u64(wire *w, uint64_t v) { put(w, &v, sizeof v); }
+
+static void put_bytes(wire *w, const char *s, size_t n)
+{
+    put_u64(w, n);
+    put(w, s, n);
+}
+
+static void take(wire *w, void *p, size_t n)
+{
+    if (w->failed || w->len - w->at < n) {
+        w->failed = true;
+        memset(p, 0, n);
+        return;
+    }
+    memcpy(p, w->data + w->at, n);
+    w->at += n;
+}
+
+static uint64_t take_u64(wire *w)
+{
+    uint64_t v;
+    take(w, &v, sizeof v);
+    return v;
+}
+
+/* A malloc'd, NUL-terminated copy of the next byte string, or NULL. */
+static char *take_bytes(wire *w, size_t *len)
+{
+    uint64_t n = take_u64(w);
+    if (w->failed || n > w->len - w->at) {
+        w->failed = true;
+        return NULL;
+    }
+    char *s = malloc((size_t)n + 1);
+    if (!s) {
+        w->failed = true;
+        return NULL;
+    }
+    take(w, s, (size_t)n);
+    s[n] = '\0';
+    if (len)
+        *len = (size_t)n;
+    return s;
+}
+
+static void put_value(wire *w, const raw_value *v)
+{
+    uint64_t other = 0;
+    for (size_t i = 0; v->kind == RAW_OTHER && i < sizeof other_phrases / sizeof other_phrases[0]; i++)
+        if (v->other == other_phrases[i])
+            other = i;
+    uint64_t head[5] = { (uint64_t)v->kind, (uint64_t)v->i, 0, v->b, other };
+    memcpy(&head[2], &v->f, sizeof v->f);
+    put(w, head, sizeof head);
+    if (v->kind == RAW_STRING) {
+        /* (The kept bytes may hold a NUL: keep_string's count, not strlen.) */
+        put_u64(w, v->len);
+        put_bytes(w, v->s, v->len < KEEP_STRING ? v->len : KEEP_STRING);
+    }
+}
+
+static void take_value(wire *w, raw_value *v)
+{
+    uint64_t head[5];
+    take(w, head, sizeof head);
+    memset(v, 0, sizeof *v);
+    if (head[0] > RAW_OTHER || head[4] >= sizeof other_phrases / sizeof other_phrases[0]) {
+        w->failed = true;
+        return;
+    }
+    v->kind = (raw_kind)head[0];
+    v->i = (int64_t)head[1];
+    memcpy(&v->f, &head[2], sizeof v->f);
+    v->b = head[3] != 0;
+    if (v->kind == RAW_OTHER)
+        v->other = other_phrases[head[4]];
+    if (v->kind == RAW_STRING) {
+        v->len = (size_t)take_u64(w);
+        size_t kept = 0;
+        v->s = take_bytes(w, &kept);
+        if (!v->s || kept != (v->len < KEEP_STRING ? v->len : KEEP_STRING))
+            w->failed = true;
+    }
+}
+
+static void put_variant(wire *w, const raw_variant *v)
+{
+    uint64_t head[5] = { v->source, (uint64_t)(int64_t)v->line, v->n_unknown, v->n_positional, v->complete };
+    put(w, head, sizeof head);
+    for (int f = 0; f < F_COUNT; f++)
+        put_value(w, &v->field[f]);
+    for (size_t k = 0; k < v->n_unknown && k < KEEP_UNKNOWN; k++)
+        put_value(w, &v->unknown[k]);
+    put_value(w, &v->positional);
+}
+
+/* Fills *v; what it holds belongs to v even when the reply is malformed. */
+static void take_variant(wire *w, raw_variant *v, size_t n_sources)
+{
+    uint64_t head[5];
+    take(w, head, sizeof head);
+    memset(v, 0, sizeof *v);
+    v->source = head[0] < n_sources ? (size_t)head[0] : 0;
+    v->line = (int)(int64_t)head[1];
+    v->n_unknown = (size_t)head[2];
+    v->n_positional = (size_t)head[3];
+    v->complete = head[4] != 0;
+    if (head[0] >= n_sources)
+        w->failed = true;
+    for (int f = 0; f < F_COUNT && !w->failed; f++)
+        take_value(w, &v->field[f]);
+    for (size_t k = 0; k < v->n_unknown && k < KEEP_UNKNOWN && !w->failed; k++)
+        take_value(w, &v->unknown[k]);
+    if (!w->failed)
+        take_value(w, &v->positional);
+}
+
+/* What the child sends: its verdict, its messages, the files it read, its
+ * layout calls. */
+static void put_reply(wire *w, const spec_run *run, const sg_diag *d, int ran)
+{
+    put_u64(w, (uint64_t)(int64_t)ran);
+    put_u64(w, d->count);
+    for (size_t i = 0; i < d->count; i++)
+        put_bytes(w, d->messages[i], strlen(d->messages[i]));
+    put_u64(w, run->n_sources);
+    for (size_t i = 0; i < run->n_sources; i++)
+        put_bytes(w, run->sources[i], strlen(run->sources[i]));
+    put_u64(w, run->n_vars);
+    for (size_t i = 0; i < run->n_vars; i++)
+        put_variant(w, &run->vars[i]);
+}
+
+/* The parent's side of put_reply: run's sources and variants replaced by
+ * the child's, its messages added to diag. Returns its verdict, or -2 when
+ * the reply is malformed or memory ran out. */
+static int take_reply(wire *w, spec_run *run, sg_diag *diag)
+{
+    int ran = (int)(int64_t)take_u64(w);
+    uint64_t n = take_u64(w);
+    for (uint64_t i = 0; i < n && !w->failed; i++) {
+        char *msg = take_bytes(w, NULL);
+        if (msg)
+            sg_diag_add(diag, "%s", msg);
+        free(msg);
+    }
+    n = take_u64(w);
+    if (w->failed || n == 0 || n > w->len)
+        return -2;
+    for (size_t i = 0; i < run->n_sources; i++)
+        free(run->sources[i]);
+    run->n_sources = 0;
+    for (uint64_t i = 0; i < n && !w->failed; i++) {
+        char *path = take_bytes(w, NULL);
+        if (path && add_source(run, path) < 0)
+            w->failed = true;
+    }
+    n = take_u64(w);
+    if (w->failed || n > SPEC_MAX_VARIANTS)
+        return -2;
+    run->vars = n ? calloc((size_t)n, sizeof *run->vars) : NULL;
+    if (n && !run->vars)
+        return -2;
+    run->cap_vars = (size_t)n;
+    for (uint64_t i = 0; i < n && !w->failed; i++)
+        take_variant(w, &run->vars[run->n_vars++], run->n_sources);
+    return w->failed || w->at != w->len ? -2 : ran;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Exit statuses of the child besides 0. */
+enum { CHILD_NO_MEMORY = 3, CHILD_NO_PARENT = 4, CHILD_WRITE = 5 };
+
+/* The child: caps, the run, the reply; never returns. */
+static void child_main(spec_run *run, int fd, pid_t parent)
+{
+    /* Killed with the parent, so that no spec outlives symmgen. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(CHILD_NO_PARENT);
+    /* The deadline is the parent's; CPU time is a backstop should the
+     * parent stop waiting (SIGSTOP), with no core dump. */
+    struct rlimit core = { 0, 0 };
+    setrlimit(RLIMIT_CORE, &core);
+    rlim_t cpu = (rlim_t)ceil(spec_timeout()) + 1;
+    struct rlimit cpu_limit = { cpu, cpu + 1 };
+    setrlimit(RLIMIT_CPU, &cpu_limit);
+#if !defined(__SANITIZE_ADDRESS__)
+    /* (AddressSanitizer reserves terabytes of address space up front.) */
+    unsigned long pages = 0;
+    FILE *statm = fopen("/proc/self/statm", "r");
+    if (statm && fscanf(statm, "%lu", &pages) == 1) {
+        rlim_t as = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + SPEC_CHILD_EXTRA_MEMORY;
+        struct rlimit as_limit = { as, as };
+        setrlimit(RLIMIT_AS, &as_limit);
+    }
+    if (statm)
+        fclose(statm);
+#endif
+    sg_diag d = { 0 };
+    int ran = run_spec(run, &d);
+    wire w = { 0 };
+    put_reply(&w, run, &d, ran);
+    if (w.failed)
+        _exit(CHILD_NO_MEMORY);
+    _exit(write_all(fd, w.data, w.len) == 0 ? 0 : CHILD_WRITE);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Reads the child's reply until it closes the pipe or the deadline passes.
+ * Returns 1 at the end of the reply, 0 at the deadline, -1 on an error. */
+static int read_reply(int fd, double deadline, wire *w)
+{
+    for (;;) {
+        double left = deadline - now_seconds();
+        if (left <= 0)
+            return 0;
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int ready = poll(&p, 1, (int)ceil(left * 1000.0));
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready < 0)
+            return -1;
+        if (ready == 0)
+            continue;
+        if (w->cap - w->len < 65536) {
+            size_t cap = w->cap ? w->cap * 2 : 65536;
+            char *grown = cap <= SPEC_REPLY_MAX ? realloc(w->data, cap) : NULL;
+            if (!grown)
+                return -1;
+            w->data = grown;
+            w->cap = cap;
+        }
+        ssize_t got = read(fd, w->data + w->len, w->cap - w->len);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (got < 0)
+            return -1;
+        if (got == 0)
+            return 1;
+        w->len += (size_t)got;
+    }
+}
+
+/* Runs the spec in a child process (see above); like run_spec, its layout
+ * calls end up in run->vars and its messages in diag. */
+static int run_isolated(spec_run *run, sg_diag *diag)
+{
+    double deadline = now_seconds() + spec_timeout();
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        sg_diag_add(diag, "%s: cannot run the spec: pipe: %s", run->path, strerror(errno));
+        return -1;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        child_main(run, fds[1], parent);
+    }
+    int fork_error = errno;
+    close(fds[1]);
+    if (pid < 0) {
+        close(fds[0]);
+        sg_diag_add(diag, "%s: cannot run the spec: fork: %s", run->path, strerror(fork_error));
+        return -1;
+    }
+    wire w = { 0 };
+    int got = read_reply(fds[0], deadline, &w);
+    int read_error = errno;
+    close(fds[0]);
+    if (got != 1)
+        kill(pid, SIGKILL);
+    int status = 0;
+    pid_t waited;
+    while ((waited = waitpid(pid, &status, 0)) < 0 && errno == EINTR)
+        ;
+    int rc = -1;
+    bool exited = waited == pid && WIFEXITED(status);
+    int sig = waited == pid && WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (got == 0 || sig == SIGXCPU || (sig == SIGKILL && got == 1)) {
+        report_too_long(run, diag);
+    } else if (got < 0) {
+        sg_diag_add(diag, "%s: cannot run the spec: reading its results: %s", run->path,
+                    read_error == 0 ? "more than any spec declares" : strerror(read_error));
+    } else if (exited && WEXITSTATUS(status) == CHILD_NO_MEMORY) {
+        sg_diag_add(diag, "%s: out of memory", run->path);
+    } else if (sig != 0) {
+        sg_diag_add(diag, "%s: internal error: the process running the spec died of signal %d (%s)", run->path,
+                    sig, strsignal(sig));
+    } else if ((waited == pid && !(exited && WEXITSTATUS(status) == 0)) ||
+               (rc = take_reply(&w, run, diag)) == -2) {
+        /* (waitpid fails where SIGCHLD is ignored: the reply then decides.) */
+        sg_diag_add(diag, "%s: internal error: the process running the spec ended without its results "
+                    "(exit status %d)", run->path, exited ? WEXITSTATUS(status) : -1);
+        rc = -1;
+    }
+    free(w.data);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------
@@ -1375,12 +1887,18 @@ static int parse_overrides(const sg_override *in, size_t n, override *out, const
         const char *field = in[i].field ? in[i].field : "";
         const char *value = in[i].value ? in[i].value : "";
         override *o = &out[i];
-        if (asprintf(&o->origin, "-D %s=%s", field, value) < 0) {
+        /* Shown as typed, but with what a terminal would act on escaped. */
+        char *shown_field = sg_printable(field), *shown_value = sg_printable(value);
+        if (!shown_field || !shown_value || asprintf(&o->origin, "-D %s=%s", shown_field, shown_value) < 0) {
             o->origin = NULL;
-            sg_diag_add(diag, "-D %s: out of memory", field);
+            free(shown_field);
+            free(shown_value);
+            sg_diag_add(diag, "-D: out of memory");
             errors++;
             continue;
         }
+        free(shown_field);
+        free(shown_value);
         int f = field_index(field, strlen(field));
         if (field[0] == '\0') {
             sg_diag_add(diag, "%s: expected -D field=value", o->origin);
@@ -1411,6 +1929,8 @@ typedef struct check {
     char label[SG_NAME_MAX + 24]; /* "dsv3" or "#3" */
     sg_diag *diag;
     int errors;
+    bool alone;                   /* checking the -D values on their own (check_overrides_alone) */
+    bool *bad;                    /* per field: its -D failed on its own (reported once already) */
 } check;
 
 static const raw_value *value_of(const check *c, enum field f)
@@ -1427,6 +1947,17 @@ static void field_error(check *c, enum field f, const char *fmt, ...)
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
     const char *origin = c->ovr[f] ? c->ovr[f]->origin : NULL;
+    if (c->alone || (origin && c->bad && c->bad[f])) {
+        /* A -D value that is wrong whatever the variant: said once, by
+         * check_overrides_alone, not once per variant; a field no -D sets
+         * is left to each variant. */
+        if (c->alone && origin) {
+            sg_diag_add(c->diag, "%s: %s", origin, detail);
+            c->bad[f] = true;
+        }
+        c->errors += origin != NULL;
+        return;
+    }
     /* The other fields' -D overrides: a bound or a rule that reads them
      * (capacity against max_tokens, align against layout) must not seem
      * to contradict what the spec's line says. */
@@ -1471,6 +2002,12 @@ static int take_int(check *c, enum field f, const char *what, int64_t *out)
     if (v->kind == RAW_FLOAT && isfinite(v->f) && v->f == floor(v->f) && fabs(v->f) < 9.0e18) {
         *out = (int64_t)v->f;
         return 1;
+    }
+    if (v->kind == RAW_FLOAT && isfinite(v->f) && v->f == floor(v->f)) {
+        char value[VALUE_BUF];
+        format_value(value, v);
+        field_error(c, f, "got %s, which is out of range, expected %s", value, what);
+        return -1;
     }
     got_expected(c, f, "%s", what);
     return -1;
@@ -1849,7 +2386,24 @@ static int find_name_uses(const spec_run *run, name_use *uses)
     return 0;
 }
 
-static int validate(const spec_run *run, const override *const *ovr, sg_variant *out, sg_diag *diag)
+/* The checks of the -D values that no variant changes (a value's type, its
+ * range, its choices), run once on an empty variant: each failure is
+ * reported once, naming the -D, and marked in bad so that the variants do
+ * not report it again. Returns the errors. */
+static int check_overrides_alone(const override *const *ovr, bool *bad, sg_diag *diag)
+{
+    static const raw_variant none;
+    check c = { .rv = &none, .ovr = ovr, .diag = diag, .alone = true, .bad = bad };
+    sg_variant v;
+    bool ok[F_COUNT] = { false };
+    memset(&v, 0, sizeof v);
+    check_ints(&c, &v, ok);
+    check_choices(&c, &v, ok);
+    return c.errors;
+}
+
+static int validate(const spec_run *run, const override *const *ovr, bool *bad, sg_variant *out,
+                    sg_diag *diag)
 {
     name_use *uses = calloc(run->n_vars + 1, sizeof *uses);
     if (!uses || find_name_uses(run, uses) != 0) {
@@ -1859,7 +2413,7 @@ static int validate(const spec_run *run, const override *const *ovr, sg_variant 
     }
     int errors = 0;
     for (size_t i = 0; i < run->n_vars; i++) {
-        check c = { .run = run, .rv = &run->vars[i], .ovr = ovr, .diag = diag };
+        check c = { .run = run, .rv = &run->vars[i], .ovr = ovr, .diag = diag, .bad = bad };
         const raw_value *name = value_of(&c, F_NAME);
         if (name_is_usable(name))
             snprintf(c.label, sizeof c.label, "%s", name->s);
@@ -1921,6 +2475,7 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
     spec_run run = { 0 };
     override *ovr = calloc(n_overrides + 1, sizeof *ovr);
     const override *by_field[F_COUNT] = { 0 };
+    bool bad_override[F_COUNT] = { false };
     sg_variant *variants = NULL;
     char *text = NULL;
     int errors = 0, rc = -1;
@@ -1929,15 +2484,31 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
         goto done;
     }
     errors = parse_overrides(overrides, n_overrides, ovr, by_field, diag);
-    int err = read_file(path, &text, &run.text_len);
+    errors += check_overrides_alone(by_field, bad_override, diag);
+    /* The path goes into manifest.json (JSON strings are UTF-8), the
+     * generated files and every message. */
+    if (!sg_is_printable(path)) {
+        char *shown = sg_printable(path);
+        sg_diag_add(diag, "%s: expected a spec path of printable UTF-8 (it is written into manifest.json and "
+                    "the generated files): rename the file", shown ? shown : "spec");
+        free(shown);
+        goto done;
+    }
+    spec_timeout();
+    if (spec_limit.error[0]) {
+        sg_diag_add(diag, "%s", spec_limit.error);
+        goto done;
+    }
+    const char *kind = NULL;
+    int err = read_file(path, &text, &run.text_len, &kind);
     if (err != 0) {
         char why[VALUE_BUF];
-        read_error_text(why, err);
+        read_error_text(why, err, kind);
         sg_diag_add(diag, "%s: %s", path, why);
         goto done;
     }
     run.text = text;
-    int ran = run_spec(&run, diag);
+    int ran = run_isolated(&run, diag);
     free(text);
     run.text = NULL;
     if (ran != 0)
@@ -1952,7 +2523,7 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
         sg_diag_add(diag, "%s: out of memory", path);
         goto done;
     }
-    errors += validate(&run, by_field, variants, diag);
+    errors += validate(&run, by_field, bad_override, variants, diag);
     char *own_path = errors == 0 ? strdup(path) : NULL;
     if (errors == 0 && !own_path)
         sg_diag_add(diag, "%s: out of memory", path);
@@ -1976,6 +2547,25 @@ done:
     free(ovr);
     run_free(&run);
     return rc;
+}
+
+int sg_overrides_check(const sg_override *overrides, size_t n, sg_diag *diag)
+{
+    override *ovr = calloc(n + 1, sizeof *ovr);
+    const override *by_field[F_COUNT] = { 0 };
+    bool bad[F_COUNT] = { false };
+    if (!ovr) {
+        sg_diag_add(diag, "-D: out of memory");
+        return 1;
+    }
+    int errors = parse_overrides(overrides, n, ovr, by_field, diag);
+    errors += check_overrides_alone(by_field, bad, diag);
+    for (size_t i = 0; i < n; i++) {
+        raw_free(&ovr[i].value);
+        free(ovr[i].origin);
+    }
+    free(ovr);
+    return errors;
 }
 
 void sg_spec_free(sg_spec *spec)

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
 #include "internal.h"
@@ -129,7 +130,11 @@ typedef struct jit_job {
     uint8_t key[SYMM_SHA256_SIZE];
     char key_hex[SYMM_SHA256_HEX_SIZE];
     const char *cache_dir;   /* NULL: no cache for this call */
-    char entry[PATH_MAX];
+    const char *dir;         /* the directory of dir_fd */
+    int dir_fd;              /* the checked directory (jit_cache.c), or -1 */
+    bool dir_refused;        /* dir was tried and may not be used: nothing is written there */
+    char entry_name[SYMM_SHA256_HEX_SIZE + 8]; /* <key>.cubin, in dir_fd */
+    char entry[PATH_MAX];    /* the same as a path, for messages and the result */
     char warning[4096];
     char *ptx;               /* for SYMM_JIT_DUMP */
 } jit_job;
@@ -155,6 +160,9 @@ static void job_release(jit_job *job)
 {
     free(job->options);
     free(job->ptx);
+    if (job->dir_fd >= 0)
+        close(job->dir_fd);
+    job->dir_fd = -1;
 }
 
 static double now_ms(void)
@@ -293,35 +301,52 @@ static const char *chosen_dir(jit_job *job, bool warn)
     return NULL;
 }
 
+/* Opens (creating it when missing) and checks the directory of the cache
+ * and dumps, once per call. False, with a warning, when there is none or it
+ * may not be used: then nothing is read from or written to it. */
+static bool open_dir(jit_job *job, const char *what, bool warn_missing)
+{
+    char why[PATH_MAX + 128];
+    int created;
+    if (job->dir_fd >= 0)
+        return true;
+    if (job->dir_refused)
+        return false;
+    const char *dir = chosen_dir(job, warn_missing);
+    if (!dir)
+        return false;
+    int rc = symm_jit_cache_open_dir(dir, &job->dir_fd, &created, why, sizeof why);
+    if (rc == SYMM_JIT_DIR_UNAVAILABLE)
+        job_warn(job, "cache directory %s cannot be created (%s): %s", dir, why, what);
+    else if (rc != 0)
+        job_warn(job, "cache directory %s not used (%s): %s", dir, why, what);
+    job->dir_refused = rc != 0;
+    job->dir = dir;
+    return rc == 0;
+}
+
 /* Decide whether this call uses the cache, and where. */
 static void choose_cache(jit_job *job)
 {
-    char why[PATH_MAX + 128];
-    int exists;
     job->cache_dir = NULL;
     if ((job->req->flags & SYMM_JIT_NO_CACHE) || !job->env->cache_enabled)
         return;
-    const char *dir = chosen_dir(job, true);
-    if (!dir)
+    if (!open_dir(job, "compiled without caching", true))
         return;
-    if (symm_jit_dir_trusted(dir, &exists, why, sizeof why) != 0) {
-        job_warn(job, "cache directory %s not used (%s): compiled without caching", dir, why);
-        return;
-    }
-    if (snprintf(job->entry, sizeof job->entry, "%s/%s.cubin", dir, job->key_hex) >=
-        (int)sizeof job->entry) {
-        job_warn(job, "cache directory %s: path too long: compiled without caching", dir);
+    snprintf(job->entry_name, sizeof job->entry_name, "%s.cubin", job->key_hex);
+    if (snprintf(job->entry, sizeof job->entry, "%s/%s", job->dir, job->entry_name) >= (int)sizeof job->entry) {
+        job_warn(job, "cache directory %s: path too long: compiled without caching", job->dir);
         return;
     }
-    job->cache_dir = dir;
+    job->cache_dir = job->dir;
 }
 
 static symm_status lookup_cache(jit_job *job, symm_jit_result *res)
 {
     char why[PATH_MAX + 128];
     symm_jit_cache_lookup lookup;
-    if (symm_jit_cache_read(job->entry, job->key, &lookup, &res->cubin, &res->cubin_size, why,
-                            sizeof why) != 0) {
+    if (symm_jit_cache_read(job->dir_fd, job->entry_name, job->key, &lookup, &res->cubin, &res->cubin_size,
+                            why, sizeof why) != 0) {
         job_warn(job, "cache entry %s not read (%s): compiled again", job->entry, why);
         return SYMM_OK;
     }
@@ -424,13 +449,7 @@ static symm_status compile(jit_job *job, symm_jit_result *res)
 static void store_cache(jit_job *job, const symm_jit_result *res)
 {
     char why[PATH_MAX + 128];
-    if (symm_jit_mkdirs(job->cache_dir, why, sizeof why) != 0) {
-        job_warn(job, "cache directory %s cannot be created (%s): compiled without caching",
-                 job->cache_dir, why);
-        job->entry[0] = '\0';
-        return;
-    }
-    if (symm_jit_cache_write(job->entry, job->key, res->cubin, res->cubin_size, why,
+    if (symm_jit_cache_write(job->dir_fd, job->entry_name, job->key, res->cubin, res->cubin_size, why,
                              sizeof why) != 0) {
         job_warn(job, "cache directory %s is not writable (%s): compiled without caching",
                  job->cache_dir, why);
@@ -438,17 +457,13 @@ static void store_cache(jit_job *job, const symm_jit_result *res)
     }
 }
 
-static int dump_one(jit_job *job, const char *dir, const char *ext, const void *data,
-                    size_t size)
+static int dump_one(jit_job *job, const char *ext, const void *data, size_t size)
 {
-    char path[PATH_MAX], why[PATH_MAX + 128];
-    if (snprintf(path, sizeof path, "%s/%s.%s", dir, job->key_hex, ext) >= (int)sizeof path) {
-        job_warn(job, "SYMM_JIT_DUMP: path too long in %s", dir);
-        return -1;
-    }
-    if (symm_jit_write_file(path, data, size, why, sizeof why) == 0)
+    char name[SYMM_SHA256_HEX_SIZE + 16], why[PATH_MAX + 128];
+    snprintf(name, sizeof name, "%s.%s", job->key_hex, ext);
+    if (symm_jit_write_file(job->dir_fd, name, data, size, why, sizeof why) == 0)
         return 0;
-    job_warn(job, "SYMM_JIT_DUMP: %s not written (%s)", path, why);
+    job_warn(job, "SYMM_JIT_DUMP: %s/%s not written (%s)", job->dir, name, why);
     return -1;
 }
 
@@ -456,14 +471,16 @@ static int dump_one(jit_job *job, const char *dir, const char *ext, const void *
  * ran) beside the cache entry. */
 static void dump(jit_job *job, const symm_jit_result *res)
 {
-    char why[PATH_MAX + 128];
-    const char *dir = chosen_dir(job, false);
-    if (!dir) {
+    /* Into the directory the cache checked (or would have): never into one
+     * it refused. */
+    if (!chosen_dir(job, false)) {
         job_warn(job, "SYMM_JIT_DUMP: nothing written: %s", job->env->no_cache_dir);
         return;
     }
-    if (symm_jit_mkdirs(dir, why, sizeof why) != 0) {
-        job_warn(job, "SYMM_JIT_DUMP: nothing written: %s", why);
+    bool refused_before = job->dir_refused; /* choose_cache said why */
+    if (!open_dir(job, "SYMM_JIT_DUMP: nothing written", false)) {
+        if (refused_before)
+            job_warn(job, "SYMM_JIT_DUMP: nothing written (cache directory %s not used)", job->dir);
         return;
     }
     size_t len = 0;
@@ -474,16 +491,16 @@ static void dump(jit_job *job, const symm_jit_result *res)
         opts[0] = '\0';
         for (size_t i = 0, at = 0; i < job->option_count; i++)
             at += (size_t)sprintf(opts + at, "%s\n", job->options[i]);
-        dump_one(job, dir, "options", opts, len);
+        dump_one(job, "options", opts, len);
         free(opts);
     }
-    if (dump_one(job, dir, "cu", job->req->source, strlen(job->req->source)) ||
-        dump_one(job, dir, "elf", res->cubin, res->cubin_size))
+    if (dump_one(job, "cu", job->req->source, strlen(job->req->source)) ||
+        dump_one(job, "elf", res->cubin, res->cubin_size))
         return;
     if (!res->cache_hit)
-        dump_one(job, dir, "log", res->log, strlen(res->log));
+        dump_one(job, "log", res->log, strlen(res->log));
     if (job->ptx)
-        dump_one(job, dir, "ptx", job->ptx, strlen(job->ptx));
+        dump_one(job, "ptx", job->ptx, strlen(job->ptx));
 }
 
 static symm_status run_job(jit_job *job, symm_jit_result *res)
@@ -516,7 +533,7 @@ symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_jit_compile: res is NULL");
     memset(res, 0, sizeof *res);
     SYMM_TRY(check_request(req));
-    jit_job job = {.req = req};
+    jit_job job = {.req = req, .dir_fd = -1};
     SYMM_TRY(jit_env_get(&job.env));
     symm_status st = symm_nvrtc(&job.nv);
     if (st != SYMM_OK)

@@ -1,13 +1,21 @@
 /* jit_cache.c: the JIT's on-disk cache (see jit_cache.h for the format).
  * Entries are verified before use and written atomically, so concurrent
- * writers (ranks) and crashed writers never leave a file that loads. */
+ * writers (ranks) and crashed writers never leave a file that loads.
+ *
+ * A cubin from the cache is run on the GPU, so nothing another user can
+ * write may be loaded: the directory is opened once (O_NOFOLLOW), checked on
+ * its descriptor (ours, written by us alone) and every entry is opened
+ * relative to that descriptor, without following links, and checked the
+ * same way. A path is never resolved again between the check and the use. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -150,41 +158,92 @@ static int verify_entry(int fd, const uint8_t key[SYMM_SHA256_SIZE], symm_jit_ca
     return 0;
 }
 
-int symm_jit_cache_read(const char *path, const uint8_t key[SYMM_SHA256_SIZE],
+/* Why the file open at fd may not be trusted with code (a cubin is run on
+ * the GPU): NULL when it is a regular file of this user that only its owner
+ * may write. */
+static const char *untrusted_file(const struct stat *st, char *buf, size_t n)
+{
+    if (!S_ISREG(st->st_mode))
+        return "not a regular file";
+    if (st->st_uid != geteuid()) {
+        snprintf(buf, n, "owned by uid %u, not by this user (uid %u)", (unsigned)st->st_uid,
+                 (unsigned)geteuid());
+        return buf;
+    }
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(buf, n, "writable by %s (mode %03o)", st->st_mode & S_IWOTH ? "other users" : "its group",
+                 (unsigned)(st->st_mode & 0777));
+        return buf;
+    }
+    return NULL;
+}
+
+int symm_jit_cache_read(int dir_fd, const char *name, const uint8_t key[SYMM_SHA256_SIZE],
                         symm_jit_cache_lookup *lookup, void **payload, size_t *size,
                         char *why, size_t why_size)
 {
     *lookup = SYMM_JIT_CACHE_MISS;
     *payload = NULL;
     *size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Relative to the checked directory, never by path again; a symbolic
+     * link is not followed (ELOOP), a FIFO not waited on. */
+    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         if (errno == ENOENT)
             return 0;
-        snprintf(why, why_size, "cannot open %s: %s", path, strerror(errno));
+        if (errno == ELOOP) {
+            *lookup = SYMM_JIT_CACHE_INVALID;
+            snprintf(why, why_size, "a symbolic link");
+            return 0;
+        }
+        snprintf(why, why_size, "cannot open %s: %s", name, strerror(errno));
         return -1;
     }
-    int rc = verify_entry(fd, key, lookup, payload, size, why, why_size);
+    struct stat st;
+    char detail[128];
+    const char *bad = fstat(fd, &st) != 0 ? NULL : untrusted_file(&st, detail, sizeof detail);
+    int rc = 0;
+    if (bad) {
+        *lookup = SYMM_JIT_CACHE_INVALID;
+        snprintf(why, why_size, "%s", bad);
+    } else {
+        rc = verify_entry(fd, key, lookup, payload, size, why, why_size);
+    }
     close(fd);
     return rc;
 }
 
-/* Write the parts to a fresh temporary beside path, fsync, rename over path. */
-static int write_atomic(const char *path, const void *const *parts, const size_t *sizes,
+/* A name for a temporary beside name that nobody can guess. */
+static void temp_name(char *out, size_t n, const char *name, unsigned attempt)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 16) ^ attempt;
+    }
+    snprintf(out, n, ".%s.%016llx", name, (unsigned long long)r);
+}
+
+/* Write the parts to a fresh temporary in the directory, fsync, rename over
+ * name: readers see the old entry or the whole new one. */
+static int write_atomic(int dir_fd, const char *name, const void *const *parts, const size_t *sizes,
                         int nparts, char *why, size_t why_size)
 {
-    char tmp[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    int dir_len = slash ? (int)(slash - path + 1) : 0;
-    if (snprintf(tmp, sizeof tmp, "%.*s.%s.XXXXXX", dir_len, path, slash ? slash + 1 : path) >=
-        (int)sizeof tmp) {
-        snprintf(why, why_size, "path too long: %s", path);
+    char tmp[NAME_MAX + 1];
+    if (strlen(name) + 18 > NAME_MAX) {
+        snprintf(why, why_size, "file name too long: %s", name);
         return -1;
     }
-    int fd = mkostemp(tmp, O_CLOEXEC);
+    int fd = -1;
+    for (unsigned attempt = 0; fd < 0 && attempt < 8; attempt++) {
+        temp_name(tmp, sizeof tmp, name, attempt);
+        fd = openat(dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     if (fd < 0) {
-        snprintf(why, why_size, "cannot create a file in %.*s: %s", dir_len ? dir_len : 1,
-                 dir_len ? path : ".", strerror(errno));
+        snprintf(why, why_size, "cannot create a file there: %s", strerror(errno));
         return -1;
     }
     const char *failed = NULL;
@@ -198,19 +257,19 @@ static int write_atomic(const char *path, const void *const *parts, const size_t
         failed = "close";
         err = errno;
     }
-    if (!failed && rename(tmp, path) != 0) {
+    if (!failed && renameat(dir_fd, tmp, dir_fd, name) != 0) {
         failed = "rename";
         err = errno;
     }
     if (failed) {
         snprintf(why, why_size, "%s %s: %s", failed, tmp, strerror(err));
-        unlink(tmp);
+        unlinkat(dir_fd, tmp, 0);
         return -1;
     }
     return 0;
 }
 
-int symm_jit_cache_write(const char *path, const uint8_t key[SYMM_SHA256_SIZE],
+int symm_jit_cache_write(int dir_fd, const char *name, const uint8_t key[SYMM_SHA256_SIZE],
                          const void *payload, size_t size, char *why, size_t why_size)
 {
     uint8_t header[SYMM_JIT_CACHE_HEADER_SIZE];
@@ -222,65 +281,53 @@ int symm_jit_cache_write(const char *path, const uint8_t key[SYMM_SHA256_SIZE],
     symm_sha256(payload, size, header + 56);
     const void *parts[2] = {header, payload};
     size_t sizes[2] = {sizeof header, size};
-    return write_atomic(path, parts, sizes, 2, why, why_size);
+    return write_atomic(dir_fd, name, parts, sizes, 2, why, why_size);
 }
 
-int symm_jit_write_file(const char *path, const void *data, size_t size, char *why,
+int symm_jit_write_file(int dir_fd, const char *name, const void *data, size_t size, char *why,
                         size_t why_size)
 {
     const void *parts[1] = {data};
     size_t sizes[1] = {size};
-    return write_atomic(path, parts, sizes, 1, why, why_size);
+    return write_atomic(dir_fd, name, parts, sizes, 1, why, why_size);
 }
 
-int symm_jit_mkdirs(const char *dir, char *why, size_t why_size)
+/* mkdir -p of the directories above dir, each created 0700; existing ones
+ * are left as they are (the check is on dir itself, once opened). */
+static int make_parents(const char *dir, char *why, size_t why_size)
 {
     char path[PATH_MAX];
     size_t len = strlen(dir);
-    if (len == 0 || len >= sizeof path) {
-        snprintf(why, why_size, "bad directory name \"%s\"", dir);
-        return -1;
-    }
     memcpy(path, dir, len + 1);
-    /* Create each missing prefix in turn; existing ones are left as they are. */
-    for (size_t i = 1; i <= len; i++) {
-        if (path[i] != '/' && path[i] != '\0')
+    for (size_t i = 1; i < len; i++) {
+        if (path[i] != '/')
             continue;
-        char saved = path[i];
         path[i] = '\0';
         if (mkdir(path, 0700) != 0 && errno != EEXIST) {
             snprintf(why, why_size, "mkdir %s: %s", path, strerror(errno));
             return -1;
         }
-        path[i] = saved;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(why, why_size, "%s is not a directory", dir);
-        return -1;
+        path[i] = '/';
     }
     return 0;
 }
 
-int symm_jit_dir_trusted(const char *dir, int *exists, char *why, size_t why_size)
+/* 0 when the directory open at fd may hold code: a directory of this user
+ * that only its owner may write; else -1 with why. */
+static int check_dir_fd(int fd, const char *dir, char *why, size_t why_size)
 {
     struct stat st;
-    *exists = 0;
-    if (stat(dir, &st) != 0) {
-        /* Missing (or under a non-directory): symm_jit_mkdirs will say. */
-        if (errno == ENOENT || errno == ENOTDIR)
-            return 0;
-        snprintf(why, why_size, "stat %s: %s", dir, strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_size, "fstat %s: %s", dir, strerror(errno));
         return -1;
     }
-    *exists = 1;
     if (!S_ISDIR(st.st_mode)) {
         snprintf(why, why_size, "%s is not a directory", dir);
         return -1;
     }
     if (st.st_uid != geteuid()) {
-        snprintf(why, why_size, "%s is owned by uid %u, not by this user (uid %u)", dir,
-                 (unsigned)st.st_uid, (unsigned)geteuid());
+        snprintf(why, why_size, "%s is owned by uid %u, not by this user (uid %u)", dir, (unsigned)st.st_uid,
+                 (unsigned)geteuid());
         return -1;
     }
     if (st.st_mode & (S_IWGRP | S_IWOTH)) {
@@ -288,5 +335,56 @@ int symm_jit_dir_trusted(const char *dir, int *exists, char *why, size_t why_siz
                  st.st_mode & S_IWOTH ? "other users" : "its group", (unsigned)(st.st_mode & 0777));
         return -1;
     }
+    return 0;
+}
+
+int symm_jit_cache_open_dir(const char *dir, int *out, int *created, char *why, size_t why_size)
+{
+    char path[PATH_MAX];
+    size_t len = strlen(dir);
+    *out = -1;
+    *created = 0;
+    /* Without trailing slashes: "dir/" would follow a symbolic link. */
+    while (len > 1 && dir[len - 1] == '/')
+        len--;
+    if (len == 0 || len >= sizeof path) {
+        snprintf(why, why_size, "bad directory name \"%s\"", dir);
+        return SYMM_JIT_DIR_UNAVAILABLE;
+    }
+    memcpy(path, dir, len);
+    path[len] = '\0';
+    const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(path, flags);
+    if (fd < 0 && errno == ENOENT) {
+        /* Made here, 0700: but whatever stands at the path once it is opened
+         * (another user may have put a directory of theirs there first, or
+         * renamed one into place since) is checked like any other. */
+        if (make_parents(path, why, why_size) != 0)
+            return SYMM_JIT_DIR_UNAVAILABLE;
+        if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+            snprintf(why, why_size, "mkdir %s: %s", path, strerror(errno));
+            return SYMM_JIT_DIR_UNAVAILABLE;
+        }
+        *created = 1;
+        fd = open(path, flags);
+    }
+    if (fd < 0) {
+        int err = errno;
+        struct stat st;
+        /* (O_NOFOLLOW with O_DIRECTORY meets a symbolic link with ENOTDIR
+         * or ELOOP; a parent that is not a directory gives ENOTDIR too.) */
+        if ((err == ELOOP || err == ENOTDIR) && lstat(path, &st) == 0) {
+            snprintf(why, why_size, "%s %s", path, S_ISLNK(st.st_mode) ? "is a symbolic link, expected a "
+                     "directory of this user" : "is not a directory");
+            return SYMM_JIT_DIR_REFUSED;
+        }
+        snprintf(why, why_size, "open %s: %s", path, strerror(err));
+        return SYMM_JIT_DIR_UNAVAILABLE;
+    }
+    if (check_dir_fd(fd, path, why, why_size) != 0) {
+        close(fd);
+        return SYMM_JIT_DIR_REFUSED;
+    }
+    *out = fd;
     return 0;
 }

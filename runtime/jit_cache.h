@@ -29,28 +29,35 @@ typedef enum symm_jit_cache_lookup {
     SYMM_JIT_CACHE_INVALID = 2, /* an entry that must not be loaded; why says why */
 } symm_jit_cache_lookup;
 
-/* Read and verify the entry at path for key. On FOUND, *payload (malloc'd)
+/* symm_jit_cache_open_dir's failures. */
+enum { SYMM_JIT_DIR_REFUSED = -1, SYMM_JIT_DIR_UNAVAILABLE = -2 };
+
+/* Open the cache directory dir for the entries below: opened with
+ * O_DIRECTORY | O_NOFOLLOW and checked on the descriptor (a directory owned
+ * by the effective user that neither its group nor others may write).
+ * Missing, it is created with mode 0700 (its missing parents too), *created
+ * set, and checked the same way once opened. Returns 0 with *fd, or
+ * SYMM_JIT_DIR_REFUSED (it exists but may not hold code) or
+ * SYMM_JIT_DIR_UNAVAILABLE (it cannot be created or opened), why set. */
+int symm_jit_cache_open_dir(const char *dir, int *fd, int *created, char *why, size_t why_size);
+
+/* Read and verify the entry called name in the directory dir_fd for key.
+ * It is opened without following a symbolic link and must be a regular
+ * file of the effective user that neither its group nor others may write;
+ * anything else is INVALID (never loaded). On FOUND, *payload (malloc'd)
  * and *size hold the cubin. Returns -1 (why set) only when the file exists
  * but cannot be read (or memory runs out). */
-int symm_jit_cache_read(const char *path, const uint8_t key[SYMM_SHA256_SIZE],
+int symm_jit_cache_read(int dir_fd, const char *name, const uint8_t key[SYMM_SHA256_SIZE],
                         symm_jit_cache_lookup *lookup, void **payload, size_t *size,
                         char *why, size_t why_size);
 
-/* Write the entry for key atomically: a temporary file beside path, fsync,
- * rename over path. */
-int symm_jit_cache_write(const char *path, const uint8_t key[SYMM_SHA256_SIZE],
+/* Write the entry for key atomically: a temporary (mode 0600, a name nobody
+ * can guess) in dir_fd, fsync, rename over name. */
+int symm_jit_cache_write(int dir_fd, const char *name, const uint8_t key[SYMM_SHA256_SIZE],
                          const void *payload, size_t size, char *why, size_t why_size);
 
-/* Write a plain file atomically (temporary, fsync, rename), mode 0600. */
-int symm_jit_write_file(const char *path, const void *data, size_t size, char *why,
+/* Write a plain file into dir_fd atomically (temporary, fsync, rename), mode 0600. */
+int symm_jit_write_file(int dir_fd, const char *name, const void *data, size_t size, char *why,
                         size_t why_size);
-
-/* mkdir -p dir with mode 0700 for each directory created. */
-int symm_jit_mkdirs(const char *dir, char *why, size_t why_size);
-
-/* May dir be trusted with code? It must be a directory owned by the effective
- * user and not writable by others. *exists is set to 0 (and 0 returned) when
- * it does not exist yet. */
-int symm_jit_dir_trusted(const char *dir, int *exists, char *why, size_t why_size);
 
 #endif

@@ -1,7 +1,9 @@
 /* json.c: the manifest's JSON reader (json.h). A recursive descent parser
  * over a byte range, strict to RFC 8259 (no comments, no trailing commas, no
  * leading zeros), with every value allocated from one arena so that a failure
- * anywhere frees everything at once. */
+ * anywhere frees everything at once, and the arena capped (json.h): a value
+ * costs a node of about 90 bytes however few bytes of text it takes ("0,"),
+ * so the size of the text alone does not bound the memory. */
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +24,9 @@ typedef struct arena_block {
 struct symm_json_doc {
     arena_block *blocks;
     symm_json *root;
+    size_t allocated;    /* bytes of all blocks */
+    size_t budget;       /* the most they may take */
+    int over_budget;     /* an allocation was refused for the budget, not by malloc */
 };
 
 typedef struct parser {
@@ -36,14 +41,19 @@ typedef struct parser {
     size_t why_size;
 } parser;
 
-static void *arena_alloc(symm_json_doc *doc, size_t n)
+/* n bytes aligned to align (a power of two): nodes to theirs, text to 1. */
+static void *arena_alloc(symm_json_doc *doc, size_t n, size_t align)
 {
     if (n > SIZE_MAX / 2)
         return NULL;
-    n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     arena_block *b = doc->blocks;
-    if (!b || b->cap - b->used < n) {
+    size_t at = b ? (b->used + align - 1) & ~(align - 1) : 0;
+    if (!b || at > b->cap || b->cap - at < n) {
         size_t cap = n > ARENA_BLOCK ? n : ARENA_BLOCK;
+        if (doc->allocated > doc->budget || sizeof *b + cap > doc->budget - doc->allocated) {
+            doc->over_budget = 1;
+            return NULL;
+        }
         b = malloc(sizeof *b + cap);
         if (!b)
             return NULL;
@@ -51,9 +61,11 @@ static void *arena_alloc(symm_json_doc *doc, size_t n)
         b->used = 0;
         b->cap = cap;
         doc->blocks = b;
+        doc->allocated += sizeof *b + cap;
+        at = 0;
     }
-    void *r = (unsigned char *)b->data + b->used;
-    b->used += n;
+    void *r = (unsigned char *)b->data + at;
+    b->used = at + n;
     return r;
 }
 
@@ -81,10 +93,15 @@ static void out_of_memory(parser *ps)
 {
     if (ps->failed)
         return;
-    ps->failed = SYMM_JSON_NOMEM;
+    ps->failed = ps->doc->over_budget ? SYMM_JSON_TOO_LARGE : SYMM_JSON_NOMEM;
     ps->err_line = ps->line;
     ps->err_col = column_of(ps, ps->p);
-    snprintf(ps->why, ps->why_size, "out of memory");
+    if (ps->doc->over_budget)
+        snprintf(ps->why, ps->why_size, "too many values for a document of its size: reading it would take more "
+                 "than %zu MiB (%d bytes for each byte of text, at most %d MiB)", ps->doc->budget >> 20,
+                 SYMM_JSON_MEMORY_PER_BYTE, (int)(SYMM_JSON_MAX_MEMORY >> 20));
+    else
+        snprintf(ps->why, ps->why_size, "out of memory");
 }
 
 /* What stands at `at`, for "expected X, got Y". */
@@ -119,7 +136,7 @@ static void skip_ws(parser *ps)
 
 static symm_json *new_value(parser *ps, symm_json_type type, const char *at)
 {
-    symm_json *v = arena_alloc(ps->doc, sizeof *v);
+    symm_json *v = arena_alloc(ps->doc, sizeof *v, _Alignof(symm_json));
     if (!v) {
         out_of_memory(ps);
         return NULL;
@@ -223,7 +240,7 @@ static int parse_string(parser *ps, const char **out, size_t *out_len)
         }
         q += c == '\\' && q + 1 < ps->end ? 2 : 1;
     }
-    char *dst = arena_alloc(ps->doc, (size_t)(q - ps->p));
+    char *dst = arena_alloc(ps->doc, (size_t)(q - ps->p), 1);
     if (!dst) {
         out_of_memory(ps);
         return -1;
@@ -311,7 +328,7 @@ static symm_json *parse_number(parser *ps)
         skip_digits(ps);
     }
     size_t len = (size_t)(ps->p - start);
-    char *text = arena_alloc(ps->doc, len + 1);
+    char *text = arena_alloc(ps->doc, len + 1, 1);
     if (!text) {
         out_of_memory(ps);
         return NULL;
@@ -507,6 +524,10 @@ int symm_json_parse(const char *text, size_t len, symm_json_doc **out, int *line
         *line = *col = 1;
         return SYMM_JSON_NOMEM;
     }
+    size_t budget = len <= (SYMM_JSON_MAX_MEMORY - SYMM_JSON_MEMORY_FLOOR) / SYMM_JSON_MEMORY_PER_BYTE
+                        ? len * SYMM_JSON_MEMORY_PER_BYTE + SYMM_JSON_MEMORY_FLOOR
+                        : SYMM_JSON_MAX_MEMORY;
+    doc->budget = budget;
     parser ps = {.p = text, .end = text + len, .line_start = text, .line = 1, .doc = doc,
                  .why = why, .why_size = why_size};
     if (len >= 3 && memcmp(text, "\xef\xbb\xbf", 3) == 0)

@@ -3,8 +3,9 @@
  * records where every value starts, keeps each number's text as written (so
  * a message can quote it) and says whether it is an integer that fits int64.
  * Nesting is capped and every number is overflow-checked: any input, however
- * broken, gives either a tree or a line:column and a reason. Internal; not
- * installed. */
+ * broken, gives either a tree or a line:column and a reason. Memory is
+ * capped too (below): a tiny value ("0,") costs a node far larger than its
+ * text. Internal; not installed. */
 #ifndef SYMM_JSON_H
 #define SYMM_JSON_H
 
@@ -13,6 +14,13 @@
 
 /* Arrays and objects nested deeper than this are refused (the parser recurses). */
 #define SYMM_JSON_MAX_DEPTH 64
+
+/* The tree of a text of n bytes may take at most
+ * min(n * SYMM_JSON_MEMORY_PER_BYTE + SYMM_JSON_MEMORY_FLOOR, SYMM_JSON_MAX_MEMORY)
+ * bytes; a manifest symmgen writes takes about 6 per byte of text. */
+#define SYMM_JSON_MEMORY_PER_BYTE 16
+#define SYMM_JSON_MEMORY_FLOOR ((size_t)1 << 20)
+#define SYMM_JSON_MAX_MEMORY ((size_t)1 << 30)
 
 typedef enum symm_json_type {
     SYMM_JSON_NULL,
@@ -41,12 +49,13 @@ struct symm_json {
 
 typedef struct symm_json_doc symm_json_doc;
 
-enum { SYMM_JSON_OK = 0, SYMM_JSON_SYNTAX = -1, SYMM_JSON_NOMEM = -2 };
+enum { SYMM_JSON_OK = 0, SYMM_JSON_SYNTAX = -1, SYMM_JSON_NOMEM = -2, SYMM_JSON_TOO_LARGE = -3 };
 
 /* Parse text[0..len) (no NUL needed; a UTF-8 byte order mark is skipped).
  * Returns SYMM_JSON_OK with *out, or SYMM_JSON_SYNTAX with *line and *col
  * (1-based) where the text goes wrong and why ("expected ':' after a key,
- * got '}'"), or SYMM_JSON_NOMEM. */
+ * got '}'"), or SYMM_JSON_TOO_LARGE (the memory cap above; where it was met
+ * and why), or SYMM_JSON_NOMEM. */
 int symm_json_parse(const char *text, size_t len, symm_json_doc **out, int *line, int *col,
                     char *why, size_t why_size);
 

@@ -394,6 +394,22 @@ static char *copy_string(const char *s)
     return c ? memcpy(c, s, n) : NULL;
 }
 
+/* A path that cannot leave the manifest's directory: relative, no ".."
+ * component, no NUL (which would cut it). */
+static bool path_stays_inside(const symm_json *v)
+{
+    if (v->len == 0 || strlen(v->str) != v->len || v->str[0] == '/')
+        return false;
+    for (const char *p = v->str; *p;) {
+        size_t n = strcspn(p, "/");
+        if (n == 2 && p[0] == '.' && p[1] == '.')
+            return false;
+        p += n;
+        p += *p == '/';
+    }
+    return true;
+}
+
 static symm_status read_files(const reader *r, const symm_json *obj, entry *e)
 {
     const symm_json *files, *cu, *sha, *content;
@@ -403,8 +419,8 @@ static symm_status read_files(const reader *r, const symm_json *obj, entry *e)
     reader sub = *r;
     snprintf(sub.field_prefix, sizeof sub.field_prefix, "files.");
     SYMM_TRY(get_string(&sub, files, "cu", "the name of the variant's .cu file", &cu));
-    if (cu->len == 0 || cu->str[0] == '/')
-        return field_error(&sub, "cu", cu, "a path relative to the manifest's directory");
+    if (!path_stays_inside(cu))
+        return field_error(&sub, "cu", cu, "a path inside the manifest's directory (relative, without \"..\")");
     SYMM_TRY(get_string(r, obj, "source_sha256", "64 lowercase hex digits", &sha));
     if (!is_hex64(sha))
         return field_error(r, "source_sha256", sha, "64 lowercase hex digits");
@@ -615,6 +631,8 @@ symm_status symm_manifest_open(const char *path, symm_manifest **out)
     free(text);
     if (rc == SYMM_JSON_NOMEM)
         return symm_fail(SYMM_ERR_NOMEM, "symm_manifest_open: %s: out of host memory", path);
+    if (rc == SYMM_JSON_TOO_LARGE)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s:%d:%d: %s", path, line, col, why);
     if (rc != SYMM_JSON_OK)
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s:%d:%d: JSON syntax error: %s", path, line, col, why);
     symm_manifest *m = calloc(1, sizeof *m);

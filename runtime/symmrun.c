@@ -3,11 +3,23 @@
  * reads, prefixes every line they print with their rank, passes signals on,
  * and stops the whole job when one rank fails.
  *
- * One thread, one poll() loop over a signalfd (SIGCHLD, SIGINT, SIGTERM,
- * SIGHUP, all blocked) and every rank's stdout and stderr pipe, so that no
- * full pipe and no signal is ever left waiting. Each rank runs in its own
- * process group (signals reach what it started too) and dies with symmrun
- * (PR_SET_PDEATHSIG), so no rank outlives a symmrun killed with SIGKILL. */
+ * Two processes. The one the user starts (the front) passes SIGINT, SIGTERM
+ * and SIGHUP on to its child, the supervisor, and exits with its status.
+ * The supervisor runs the job: one thread, one poll() loop over a signalfd
+ * (SIGCHLD and the signals the front passes on, all blocked), every rank's
+ * stdout and stderr pipe and a pipe from the front, so that no full pipe and
+ * no signal is ever left waiting.
+ *
+ * Nothing the job starts outlives it. Each rank runs in its own process
+ * group, signalled as a group, also after its leader is gone; the
+ * supervisor is a subreaper (PR_SET_CHILD_SUBREAPER), so that whatever a
+ * rank leaves behind (in its group or in a session of its own) becomes its
+ * child once orphaned, and it ends only when it has no child left: what is
+ * still running when the last rank has exited gets SIGTERM, then SIGKILL.
+ * A front killed with SIGKILL closes the pipe: the supervisor then kills
+ * everything at once. Ranks die with the supervisor (PR_SET_PDEATHSIG), and
+ * the front, a subreaper too, kills what a killed supervisor leaves. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -62,7 +74,10 @@ static const char usage_text[] =
     "stderr with the prefix \"[r] \". Rank 0 reads symmrun's stdin unless that is a\n"
     "terminal; the other ranks read /dev/null. SIGINT, SIGTERM and SIGHUP are\n"
     "passed on to every rank (a second one kills them). When a rank exits non-zero\n"
-    "or is killed, the others get SIGTERM, then SIGKILL %g s later.\n"
+    "or is killed, the others get SIGTERM, then SIGKILL %g s later. Each rank runs\n"
+    "in a process group of its own; what the ranks leave running once they have\n"
+    "all exited gets SIGTERM, then SIGKILL: nothing the job starts outlives symmrun,\n"
+    "even when symmrun is killed with SIGKILL.\n"
     "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1\n"
     "are set unless already set: NVLink multicast stays off.\n"
     "\n"
@@ -87,8 +102,9 @@ typedef struct stream {
 } stream;
 
 typedef struct rank_proc {
-    pid_t pid;
+    pid_t pid;       /* also its process group */
     int alive;
+    int group_gone;  /* its process group was found empty: never signalled again */
     stream out, err;
 } rank_proc;
 
@@ -105,6 +121,9 @@ typedef struct job {
     double kill_at;     /* when SIGKILL follows SIGTERM; 0: not armed */
     int killed;
     int signals_seen;
+    int front_fd;       /* read end of the front's pipe: EOF once the front is gone; -1 after */
+    int children;       /* at the last reap: some child (a rank or an orphan) is left */
+    double leftovers_kill_at; /* leftovers got SIGTERM; SIGKILL follows then; 0: not yet */
     int out_broken[3];  /* stdout/stderr of symmrun went away: drop output */
     sigset_t saved_mask;
     struct rlimit saved_nofile;
@@ -382,11 +401,69 @@ static int stream_read(job *j, int rank, stream *s)
 
 /* --- ranks ----------------------------------------------------------------- */
 
-static void signal_all(job *j, int sig)
+/* Every rank's process group, also once the rank itself is gone: what it
+ * started runs on in it. A group found empty is never signalled again (its
+ * number could come back as another's). Returns how many groups were there. */
+static int signal_all(job *j, int sig)
 {
-    for (int r = 0; r < j->started; r++)
-        if (j->ranks[r].alive && kill(-j->ranks[r].pid, sig) != 0)
-            kill(j->ranks[r].pid, sig); /* its group may not exist yet */
+    int groups = 0;
+    for (int r = 0; r < j->started; r++) {
+        rank_proc *p = &j->ranks[r];
+        if (p->group_gone)
+            continue;
+        if (kill(-p->pid, sig) == 0) {
+            groups++;
+            continue;
+        }
+        if (p->alive)
+            kill(p->pid, sig); /* its group may not exist yet */
+        else if (errno == ESRCH)
+            p->group_gone = 1;
+    }
+    return groups;
+}
+
+/* The processes whose parent is this one: the ranks, and once orphaned,
+ * whatever they started (this process is their subreaper). Read from /proc;
+ * returns how many were signalled. */
+static int signal_children(pid_t parent, int sig)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t k = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (k <= 0)
+            continue;
+        buf[k] = '\0';
+        /* pid (comm) state ppid ...: comm may hold anything, so from the last ')'. */
+        char *close_paren = strrchr(buf, ')');
+        char state;
+        long ppid;
+        if (!close_paren || sscanf(close_paren + 1, " %c %ld", &state, &ppid) != 2 || ppid != (long)parent)
+            continue;
+        if (state != 'Z' && kill((pid_t)atol(e->d_name), sig) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* All that is left of the job: every rank's group, and every child.
+ * Returns how many groups and children were signalled. */
+static int signal_leftovers(job *j, int sig)
+{
+    int n = signal_all(j, sig);
+    return n + signal_children(j->self, sig);
 }
 
 static void fail_job(job *j, int code)
@@ -480,13 +557,17 @@ static int spawn(job *j, int r)
     return 0;
 }
 
+/* Reaps every child that ended: ranks, and orphans that came to this
+ * subreaper. j->children says whether any child is left. */
 static void reap(job *j)
 {
     for (;;) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0)
+        if (pid <= 0) {
+            j->children = !(pid < 0 && errno == ECHILD);
             return;
+        }
         int r = 0;
         while (r < j->started && j->ranks[r].pid != pid)
             r++;
@@ -521,9 +602,38 @@ static void handle_signals(job *j, int sfd)
     }
 }
 
+/* The front is gone (killed with SIGKILL): nobody is waiting for the job
+ * any more, so all of it is killed now. */
+static void front_gone(job *j)
+{
+    close(j->front_fd);
+    j->front_fd = -1;
+    if (!j->failed) {
+        j->failed = 1;
+        j->exit_code = 128 + SIGKILL;
+    }
+    signal_leftovers(j, SIGKILL);
+    j->killed = 1;
+    j->leftovers_kill_at = now_s();
+}
+
+/* Every rank has exited: what they left running gets SIGTERM, and SIGKILL
+ * (again and again, as orphans keep coming) once the grace period is over. */
+static void stop_leftovers(job *j)
+{
+    double now = now_s();
+    if (j->leftovers_kill_at == 0) {
+        if (signal_leftovers(j, SIGTERM) > 0)
+            fprintf(stderr, "symmrun: the ranks left processes running: stopping them\n");
+        j->leftovers_kill_at = now + KILL_GRACE_S;
+    } else if (now >= j->leftovers_kill_at) {
+        signal_leftovers(j, SIGKILL);
+    }
+}
+
 static void event_loop(job *j, int sfd)
 {
-    int cap = 1 + 2 * j->started;
+    int cap = 2 + 2 * j->started;
     struct pollfd *pfd = calloc((size_t)cap, sizeof *pfd);
     stream **who = calloc((size_t)cap, sizeof *who);
     int *who_rank = calloc((size_t)cap, sizeof *who_rank);
@@ -532,9 +642,15 @@ static void event_loop(job *j, int sfd)
         signal_all(j, SIGKILL);
         exit(1);
     }
-    while (j->live > 0) {
+    reap(j);
+    while (j->live > 0 || j->children) {
+        if (j->live == 0)
+            stop_leftovers(j);
         int n = 0;
         pfd[n++] = (struct pollfd){.fd = sfd, .events = POLLIN};
+        int front_at = j->front_fd >= 0 ? n : -1;
+        if (j->front_fd >= 0)
+            pfd[n++] = (struct pollfd){.fd = j->front_fd, .events = POLLIN};
         for (int r = 0; r < j->started; r++) {
             stream *ss[2] = {&j->ranks[r].out, &j->ranks[r].err};
             for (int k = 0; k < 2; k++)
@@ -549,6 +665,9 @@ static void event_loop(job *j, int sfd)
             double left = j->kill_at - now_s();
             ms = left <= 0 ? 0 : (int)ceil(left * 1000);
         }
+        /* Leftovers are looked for again every 50 ms: orphans keep coming. */
+        if (j->live == 0 || (j->leftovers_kill_at > 0 && j->killed))
+            ms = ms < 0 || ms > 50 ? 50 : ms;
         int k = poll(pfd, (nfds_t)n, ms);
         if (k < 0 && errno != EINTR) {
             fprintf(stderr, "symmrun: poll: %s\n", strerror(errno));
@@ -560,10 +679,18 @@ static void event_loop(job *j, int sfd)
             j->killed = 1;
         }
         for (int i = 1; k > 0 && i < n; i++)
-            if (pfd[i].revents)
+            if (pfd[i].revents && i != front_at)
                 stream_read(j, who_rank[i], who[i]);
+        if (k > 0 && front_at > 0 && pfd[front_at].revents) {
+            char c;
+            if (read(j->front_fd, &c, 1) <= 0)
+                front_gone(j);
+        }
         if (k > 0 && pfd[0].revents)
             handle_signals(j, sfd);
+        if (j->leftovers_kill_at > 0 && j->killed && j->front_fd < 0)
+            signal_leftovers(j, SIGKILL);
+        reap(j);
     }
     /* Every rank is gone: what they wrote is in the pipes. Whatever they left
      * running in the background may hold a pipe open; do not wait for it. */
@@ -581,18 +708,29 @@ static void event_loop(job *j, int sfd)
     free(pfd);
 }
 
+/* The signals both processes read from a signalfd. */
+static void handled_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGCHLD);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGHUP);
+}
+
+/* Blocks what the signalfds read, and SIGPIPE (a closed stdout is an EPIPE
+ * to handle, not death) and SIGTTOU (the supervisor, in a process group of
+ * its own, may write to a terminal with TOSTOP set); the ranks get the mask
+ * symmrun started with. */
 static int setup_signals(job *j)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGCHLD);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGPIPE); /* a closed stdout is an EPIPE to handle, not death */
+    handled_signals(&set);
+    sigaddset(&set, SIGPIPE);
+    sigaddset(&set, SIGTTOU);
     if (sigprocmask(SIG_BLOCK, &set, &j->saved_mask) != 0)
         return -1;
-    sigdelset(&set, SIGPIPE);
+    handled_signals(&set);
     return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
@@ -607,6 +745,109 @@ static void raise_nofile(job *j)
     rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
         j->nofile_raised = 1;
+}
+
+/* The supervisor (see the top of the file): runs the job, returns its
+ * exit status. front_fd reads EOF once the front is gone. */
+static int supervise(job *j, int front_fd)
+{
+    j->self = getpid();
+    j->front_fd = front_fd;
+    setpgid(0, 0); /* terminal signals reach the front, which passes them on once */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+        fprintf(stderr, "symmrun: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
+        return 1;
+    }
+    sigset_t set;
+    handled_signals(&set);
+    int sfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sfd < 0) {
+        fprintf(stderr, "symmrun: signals: %s\n", strerror(errno));
+        return 1;
+    }
+    raise_nofile(j);
+    j->ranks = calloc((size_t)j->opt.n, sizeof *j->ranks);
+    if (!j->ranks) {
+        fprintf(stderr, "symmrun: out of memory\n");
+        return 1;
+    }
+    for (int r = 0; r < j->opt.n; r++)
+        if (spawn(j, r) != 0) {
+            fprintf(stderr, "symmrun: cannot start rank %d: %s\n", r, strerror(errno));
+            fail_job(j, 1);
+            break;
+        }
+    event_loop(j, sfd);
+    return j->failed ? j->exit_code : 0;
+}
+
+/* The front, once the supervisor has ended some other way than by itself
+ * (SIGKILL): the orphans it leaves come here (a subreaper too) and are
+ * killed until none is left. */
+static void kill_orphans(pid_t self)
+{
+    double until = now_s() + 10.0;
+    for (;;) {
+        int status;
+        pid_t pid;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+            ;
+        if (pid < 0 || now_s() > until)
+            return;
+        signal_children(self, SIGKILL);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The front: starts the supervisor, passes SIGINT, SIGTERM and SIGHUP on to
+ * it, and returns its exit status (128+N when it was killed by signal N). */
+static int front(job *j, int sfd)
+{
+    pid_t self = getpid();
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+        fprintf(stderr, "symmrun: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
+        return 1;
+    }
+    int alive[2];
+    if (pipe2(alive, O_CLOEXEC) != 0) {
+        fprintf(stderr, "symmrun: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    pid_t sup = fork();
+    if (sup < 0) {
+        fprintf(stderr, "symmrun: fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (sup == 0) {
+        close(alive[1]);
+        close(sfd);
+        exit(supervise(j, alive[0]));
+    }
+    close(alive[0]);
+    int code = -1;
+    while (code < 0) {
+        struct pollfd p = {.fd = sfd, .events = POLLIN};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR) {
+            fprintf(stderr, "symmrun: poll: %s\n", strerror(errno));
+            kill(sup, SIGKILL);
+        }
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+            int sig = (int)si.ssi_signo;
+            if (sig != SIGCHLD) {
+                kill(sup, sig);
+                continue;
+            }
+            int status;
+            pid_t pid;
+            while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+                if (pid == sup)
+                    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+    }
+    kill_orphans(self);
+    return code;
 }
 
 int main(int argc, char **argv)
@@ -633,18 +874,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "symmrun: signals: %s\n", strerror(errno));
         return 1;
     }
-    raise_nofile(&j);
-    j.ranks = calloc((size_t)j.opt.n, sizeof *j.ranks);
-    if (!j.ranks) {
-        fprintf(stderr, "symmrun: out of memory\n");
-        return 1;
-    }
-    for (int r = 0; r < j.opt.n; r++)
-        if (spawn(&j, r) != 0) {
-            fprintf(stderr, "symmrun: cannot start rank %d: %s\n", r, strerror(errno));
-            fail_job(&j, 1);
-            break;
-        }
-    event_loop(&j, sfd);
-    return j.failed ? j.exit_code : 0;
+    return front(&j, sfd);
 }

@@ -395,10 +395,10 @@ static int try_connect(const char *path, int *out)
     return CONNECT_OK;
 }
 
-static symm_status refused(const symm_world *w, const symm_world_frame *f)
+static symm_status refused(const symm_world *w, const symm_wenv *env, const symm_world_frame *f)
 {
     const char *why = "an unknown reason";
-    char buf[128];
+    char buf[640];
     switch (f->arg) {
     case SYMM_REFUSE_PROTOCOL:
         snprintf(buf, sizeof buf, "protocol version %d here, %llu at rank 0 (mixed libsymm versions?)",
@@ -406,7 +406,13 @@ static symm_status refused(const symm_world *w, const symm_world_frame *f)
         why = buf;
         break;
     case SYMM_REFUSE_SECRET:
-        why = "wrong job secret";
+        /* Most often not a wrong secret of this job but another job's rank 0
+         * at this job id's socket: its own rank 0 then failed to bind it. */
+        snprintf(buf, sizeof buf, "wrong job secret: the rank 0 listening at %s has another one. Another job may "
+                 "be using job id \"%.200s\" (its rank 0 would have found the socket in use: give each job its "
+                 "own SYMM_JOB_ID), or this rank's SYMM_JOB_SECRET differs from its rank 0's", env->path,
+                 env->job_id);
+        why = buf;
         break;
     case SYMM_REFUSE_SIZE:
         snprintf(buf, sizeof buf, "world size %d here, %llu at rank 0", w->size, (unsigned long long)f->count);
@@ -452,7 +458,7 @@ static symm_status handshake(symm_world *w, const symm_wenv *env, int fd, double
         return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: talking to rank 0 over %s: %s", env->path,
                          strerror(errno));
     if (f.type == SYMM_FRAME_REFUSE)
-        return refused(w, &f);
+        return refused(w, env, &f);
     if (f.type == SYMM_FRAME_ERROR) {
         char msg[SYMM_WORLD_MSG_MAX];
         if (symm_wio_recv_error(fd, &f, msg, sizeof msg, symm_wio_now() + 1.0) != SYMM_WIO_OK)

@@ -625,6 +625,51 @@ Test(cli, refuses_a_directory_with_a_foreign_manifest_and_keeps_its_files)
     sg_buf_free(&after);
 }
 
+/* The review's reproducer: d/manifest.json names the user's d/mydata.txt;
+ * `symmgen -o d spec.lua` must not delete it. Nor a generated file edited
+ * by hand since: its hash no longer matches the manifest's. */
+Test(cli, files_a_manifest_names_without_a_matching_hash_are_never_deleted)
+{
+    write_spec("spec.lua", "v", rnd_in(1, 3));
+    mkdir_at("d");
+    write_at("d/manifest.json", "{\"format\":1,\"symmgen\":\"x\",\"variants\":[{\"files\":{\"a\":\"mydata.txt\"}}]}");
+    char text[32];
+    FMT(text, "mine %u\n", rnd());
+    write_at("d/mydata.txt", text);
+    sg_buf before = {0}, after = {0};
+    snapshot_work(&before);
+    result r = RUN("-o", "d", "spec.lua");
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "d exists and is not a symmgen output directory") && strstr(r.err, "nothing was written"),
+              "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "d changed");
+    result_free(&r);
+
+    r = RUN("-q", "-o", "e", "spec.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    char *h = read_at("e/v0.h", NULL);
+    cr_assert(h);
+    sg_buf edited = {0};
+    sg_buf_puts(&edited, h);
+    sg_buf_puts(&edited, "/* a note of mine */\n");
+    write_at("e/v0.h", edited.data);
+    free(h);
+    sg_buf_free(&edited);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    snapshot_work(&before);
+    r = RUN("-o", "e", "spec.lua");
+    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "was changed since symmgen wrote it"), "%s", r.err);
+    snapshot_work(&after);
+    cr_assert_str_eq(after.data, before.data, "e changed although one of its files was edited");
+    result_free(&r);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+}
+
 Test(cli, write_error_exits_1_naming_the_file_and_keeps_the_output)
 {
     write_spec("s.lua", "v", 2);
@@ -926,16 +971,41 @@ Test(cli, a_hundred_variants_generate_quickly)
     result_free(&r);
 }
 
-/* A separate -D argument is read as a whole: an unknown field in it is a spec
- * error with a suggestion, never a usage error about a missing value. */
+/* A separate -D argument is read as a whole: an unknown field in it is a
+ * usage error with a suggestion, not one about a missing value. */
 Test(cli, separate_d_argument_with_unknown_field_suggests_the_field)
 {
     write_spec("s.lua", "v", 1);
     char define[64];
     FMT(define, "hiden=%d", rnd_in(1, 9) * 16);
     result r = RUN("--check", "-D", define, "s.lua");
-    cr_assert_eq(r.status, 1, "exit %d: %s", r.status, r.err);
-    cr_assert(strstr(r.err, "did you mean \"hidden\""), "stderr: %s", r.err);
+    cr_assert_eq(r.status, 2, "exit %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "did you mean \"hidden\"") && strstr(r.err, "symmgen --help"), "stderr: %s", r.err);
+    result_free(&r);
+}
+
+/* A -D that no spec can make right (an unknown field, a value of the wrong
+ * type or range) is a usage error (exit 2), reported once however many specs
+ * and variants there are, before any spec runs; its text is escaped. */
+Test(cli, bad_define_is_a_usage_error_reported_once)
+{
+    int n = rnd_in(2, 6);
+    write_spec("s.lua", "v", n);
+    write_spec("t.lua", "w", n);
+    write_at("never.lua", "error(\"this spec must not run\")\n");
+    static const char *const defines[][2] = {
+        {"frob=1", "-D frob=1: unknown field"},
+        {"topk=99", "-D topk=99: got 99, expected 1..16"},
+        {"combine=pul", "-D combine=pul: got \"pul\", expected \"push\" or \"pull\""},
+        {"dtype=\x1b[31mred", "-D dtype=\\x1b[31mred: got \"\\x1b[31mred\", expected"},
+    };
+    size_t k = (size_t)rnd_in(0, 3);
+    result r = RUN("--check", "-D", defines[k][0], "s.lua", "t.lua", "never.lua");
+    cr_assert_eq(r.status, 2, "-D %s: exit %d: %s", defines[k][0], r.status, r.err);
+    const char *at = strstr(r.err, defines[k][1]);
+    cr_assert(at, "-D %s: stderr lacks %s: %s", defines[k][0], defines[k][1], r.err);
+    cr_assert(!strstr(at + 1, defines[k][1]), "-D %s reported more than once: %s", defines[k][0], r.err);
+    cr_assert(!strstr(r.err, "must not run") && !strchr(r.err, '\x1b'), "stderr: %s", r.err);
     result_free(&r);
 }
 

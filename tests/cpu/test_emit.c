@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -586,26 +588,66 @@ static void free_outputs(sg_generated *g, size_t n)
     free(g);
 }
 
-/* An existing output directory: a manifest as symmgen writes it, listing the
- * random files beside it. */
+/* An existing output directory as symmgen writes it: three variants' .cu,
+ * .h and .c (random text) and a manifest listing them with their hashes. */
 static void make_old_output(const char *dir)
 {
     cr_assert_eq(mkdir(dir, 0755), 0);
-    char path[PATH_MAX], text[64];
+    char path[PATH_MAX], text[3][64];
+    static const char *const ext[3] = {"cu", "h", "c"};
     sg_buf manifest = {0};
     sg_buf_printf(&manifest, "{\n  \"format\": 1,\n  \"symmgen\": \"0.%u\",\n  \"spec\": \"old.lua\",\n"
                   "  \"variants\": [", rnd() % 100);
     for (int i = 0; i < 3; i++) {
+        symm_sha256_ctx h;
+        symm_sha256_init(&h);
+        for (int k = 0; k < 3; k++) {
+            FMT(path, "%s/old%d.%s", dir, i, ext[k]);
+            FMT(text[k], "/* %s %u */\n", ext[k], rnd());
+            write_text(path, text[k], strlen(text[k]));
+            symm_sha256_update(&h, text[k], strlen(text[k]));
+        }
+        uint8_t digest[SYMM_SHA256_SIZE];
+        char source[SYMM_SHA256_HEX_SIZE], content[SYMM_SHA256_HEX_SIZE];
+        symm_sha256_final(&h, digest);
+        symm_sha256_hex(digest, content);
+        symm_sha256_hex_of(text[0], strlen(text[0]), source);
         sg_buf_printf(&manifest, "%s\n    {\"name\": \"old%d\", \"files\": {\"cu\": \"old%d.cu\", "
-                      "\"h\": \"old%d.h\", \"c\": \"old%d.c\"}}", i ? "," : "", i, i, i, i);
-        FMT(path, "%s/old%d.c", dir, i);
-        FMT(text, "/* %u */\n", rnd());
-        write_text(path, text, strlen(text));
+                      "\"h\": \"old%d.h\", \"c\": \"old%d.c\"}, \"source_sha256\": \"%s\", "
+                      "\"content_sha256\": \"%s\"}", i ? "," : "", i, i, i, i, source, content);
     }
     sg_buf_puts(&manifest, "\n  ]\n}\n");
     FMT(path, "%s/manifest.json", dir);
     write_text(path, manifest.data, manifest.len);
     sg_buf_free(&manifest);
+}
+
+/* Test seams, linked over the C library's: remove() fails (EACCES) under
+ * fail_remove_under, as for files another user protects; renameat2() runs
+ * before_noreplace once, just before the first RENAME_NOREPLACE, as
+ * another symmgen winning the race to a new output would. */
+static char fail_remove_under[PATH_MAX];
+static void (*before_noreplace)(void);
+
+int remove(const char *path)
+{
+    if (fail_remove_under[0] && strncmp(path, fail_remove_under, strlen(fail_remove_under)) == 0) {
+        errno = EACCES;
+        return -1;
+    }
+    if (unlink(path) == 0)
+        return 0;
+    return errno == EISDIR ? rmdir(path) : -1;
+}
+
+int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)
+{
+    if ((flags & RENAME_NOREPLACE) && before_noreplace) {
+        void (*hook)(void) = before_noreplace;
+        before_noreplace = NULL;
+        hook();
+    }
+    return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
 TestSuite(output, .init = setup, .fini = teardown);
@@ -654,6 +696,196 @@ Test(output, replaces_an_old_output_whole)
     cr_assert_neq(access(stale, F_OK), 0, "a file of the old output survived");
     cr_assert_eq(count_entries(dir), 7);
     cr_assert_eq(count_entries(tmp_root), 1, "the old tree was left beside the new one");
+    free_outputs(g, 2);
+}
+
+/* The review's reproducer: a manifest that names a file of the user's
+ * under a key symmgen never writes. Replacing the directory would delete
+ * it: refused, and the file stays. */
+Test(output, forged_manifest_naming_a_user_file_is_refused)
+{
+    char dir[PATH_MAX], path[PATH_MAX], mine[64];
+    FMT(dir, "%s/d", tmp_root);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    FMT(path, "%s/manifest.json", dir);
+    const char *forged = "{\"format\":1,\"symmgen\":\"x\",\"variants\":[{\"files\":{\"a\":\"mydata.txt\"}}]}";
+    write_text(path, forged, strlen(forged));
+    FMT(path, "%s/mydata.txt", dir);
+    FMT(mine, "precious %u\n", rnd());
+    write_text(path, mine, strlen(mine));
+    sg_buf before = {0}, after = {0};
+    snapshot(tmp_root, &before);
+    sg_variant vs[1];
+    sg_generated *g = make_outputs(vs, 1, -1);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 1};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_ERROR, "the forged manifest was believed");
+    cr_assert(diag.count == 1 && strstr(diag.messages[0], "lists a file symmgen does not write") &&
+                  strstr(diag.messages[0], "nothing was written"),
+              "message: %s", diag.count ? diag.messages[0] : "");
+    snapshot(tmp_root, &after);
+    cr_assert_str_eq(after.data, before.data, "the user's directory changed");
+    /* Listed as a .cu, with hashes that are not its own: refused too. */
+    sg_diag_free(&diag);
+    FMT(path, "%s/manifest.json", dir);
+    const char *claims = "{\"format\":1,\"symmgen\":\"x\",\"variants\":[{\"files\":{\"cu\":\"mydata.txt\"},"
+                         "\"source_sha256\":\"0000000000000000000000000000000000000000000000000000000000000000\","
+                         "\"content_sha256\":\"0000000000000000000000000000000000000000000000000000000000000000\"}]}";
+    write_text(path, claims, strlen(claims));
+    sg_buf_free(&before);
+    snapshot(tmp_root, &before);
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_ERROR, "a file whose hash does not match was deleted");
+    cr_assert(diag.count == 1 && strstr(diag.messages[0], "mydata.txt was changed since symmgen wrote it"),
+              "message: %s", diag.count ? diag.messages[0] : "");
+    sg_buf_free(&after);
+    snapshot(tmp_root, &after);
+    cr_assert_str_eq(after.data, before.data, "the user's directory changed");
+    sg_diag_free(&diag);
+    sg_buf_free(&before);
+    sg_buf_free(&after);
+    free_outputs(g, 1);
+}
+
+/* A generated file edited by hand, or one whose .cu is gone (so its hash
+ * cannot be checked), is not symmgen's to delete any more. */
+Test(output, edited_or_unverifiable_files_are_not_deleted)
+{
+    static const char *const cases[][2] = {
+        {"old1.h", "changed since symmgen wrote it"},
+        {"old2.cu", "changed since symmgen wrote it"},
+        {"old0.cu", "cannot be checked against its manifest's hash (old0.cu is missing)"},
+    };
+    sg_variant vs[1];
+    sg_generated *g = make_outputs(vs, 1, -1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[PATH_MAX], path[PATH_MAX];
+        FMT(dir, "%s/out%zu", tmp_root, i);
+        make_old_output(dir);
+        FMT(path, "%s/%s", dir, cases[i][0]);
+        if (i == 2) {
+            cr_assert_eq(unlink(path), 0);
+        } else {
+            FILE *f = fopen(path, "a");
+            cr_assert(f);
+            fputs("// a change of mine\n", f);
+            fclose(f);
+        }
+        sg_buf before = {0}, after = {0};
+        snapshot(tmp_root, &before);
+        sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 1};
+        sg_diag diag = {0};
+        cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_ERROR, "case %zu: replaced", i);
+        cr_assert(diag.count == 1 && strstr(diag.messages[0], cases[i][1]) && strstr(diag.messages[0], dir) &&
+                      strstr(diag.messages[0], "nothing was written"),
+                  "case %zu: message: %s", i, diag.count ? diag.messages[0] : "");
+        snapshot(tmp_root, &after);
+        cr_assert_str_eq(after.data, before.data, "case %zu: the tree changed", i);
+        sg_diag_free(&diag);
+        sg_buf_free(&before);
+        sg_buf_free(&after);
+    }
+    free_outputs(g, 1);
+}
+
+/* Staging directories of writers that died (kill -9 while staging) are
+ * removed by the next run; those of a live process, of another user, or
+ * locked by a writer this system cannot see, stay. */
+Test(output, staging_dirs_of_dead_writers_are_removed_by_the_next_run)
+{
+    char dir[PATH_MAX], path[PATH_MAX], file[PATH_MAX + 16];
+    FMT(dir, "%s/out", tmp_root);
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    cr_assert(dead > 0 && waitpid(dead, NULL, 0) == dead);
+    const struct { long pid; const char *kind; bool stays; } cases[] = {
+        {dead, "tmp", false}, {dead, "old", false}, {1, "tmp", true}, {dead, "tmp", true} /* locked */,
+    };
+    int lock = -1;
+    char names[4][PATH_MAX];
+    for (size_t i = 0; i < 4; i++) {
+        FMT(names[i], "%s/.out.%s-%ld-a%04xz", tmp_root, cases[i].kind, cases[i].pid, rnd() & 0xffff);
+        cr_assert_eq(mkdir(names[i], 0755), 0);
+        FMT(file, "%s/half.cu", names[i]);
+        write_text(file, "x", 1);
+        if (i == 3) {
+            lock = open(names[i], O_RDONLY | O_DIRECTORY);
+            cr_assert(lock >= 0 && flock(lock, LOCK_EX) == 0);
+        }
+    }
+    FMT(path, "%s/.out.tmp-XXXXXX", tmp_root); /* not a name symmgen writes now */
+    cr_assert(mkdtemp(path));
+    sg_variant vs[1];
+    sg_generated *g = make_outputs(vs, 1, -1);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 1};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_eq(access(names[i], F_OK) == 0, cases[i].stays, "%s: %s", names[i],
+                     cases[i].stays ? "removed, though its writer may be alive" : "left behind");
+    cr_assert_eq(access(path, F_OK), 0, "a directory of another name was removed");
+    close(lock);
+    free_outputs(g, 1);
+}
+
+/* The old tree is swapped out, but cannot be deleted: the new output is in
+ * place and a warning says where the old one is left. */
+Test(output, old_tree_that_cannot_be_deleted_is_reported)
+{
+    char dir[PATH_MAX];
+    FMT(dir, "%s/out", tmp_root);
+    make_old_output(dir);
+    FMT(fail_remove_under, "%s/.out.tmp-", tmp_root);
+    sg_variant vs[1];
+    sg_generated *g = make_outputs(vs, 1, -1);
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 1};
+    sg_diag diag = {0};
+    int rc = sg_output_write(&o, 1, NULL, &diag);
+    fail_remove_under[0] = '\0';
+    cr_assert_eq(rc, SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    cr_assert(diag.count == 1 && strstr(diag.messages[0], "warning: ") && strstr(diag.messages[0], dir) &&
+                  strstr(diag.messages[0], "could not all be deleted") && strstr(diag.messages[0], ".out.tmp-") &&
+                  strstr(diag.messages[0], strerror(EACCES)),
+              "message: %s", diag.count ? diag.messages[0] : "(none: the old tree is left without a word)");
+    cr_assert_eq(count_entries(dir), 4, "the new output is not in place");
+    sg_diag_free(&diag);
+    free_outputs(g, 1);
+}
+
+/* Two first runs writing one output: the second finds it created since it
+ * looked, and replaces it like any later run would. */
+static const char *race_dir;
+static sg_generated *race_other;
+
+static void other_run_wins(void)
+{
+    sg_output o = {.dir = race_dir, .spec_path = "other.lua", .variants = race_other, .count = 1};
+    sg_diag diag = {0};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    sg_diag_free(&diag);
+}
+
+Test(output, first_runs_racing_to_one_output_both_succeed)
+{
+    char dir[PATH_MAX];
+    FMT(dir, "%s/fresh/out", tmp_root);
+    sg_variant vs[2];
+    sg_generated *g = make_outputs(vs, 2, -1);
+    race_dir = dir;
+    race_other = &g[1];
+    before_noreplace = other_run_wins;
+    sg_output o = {.dir = dir, .spec_path = "spec.lua", .variants = g, .count = 1};
+    sg_diag diag = {0};
+    int rc = sg_output_write(&o, 1, NULL, &diag);
+    before_noreplace = NULL;
+    cr_assert_eq(rc, SG_EXIT_OK, "the run that lost the race failed: %s", diag.count ? diag.messages[0] : "");
+    char path[PATH_MAX + 80];
+    FMT(path, "%s/%s.cu", dir, vs[0].name);
+    cr_assert_eq(access(path, F_OK), 0, "the last run's output is not in place");
+    cr_assert_eq(count_entries(dir), 4);
+    FMT(path, "%s/fresh", tmp_root);
+    cr_assert_eq(count_entries(path), 1, "something was left beside the output");
+    sg_diag_free(&diag);
     free_outputs(g, 2);
 }
 
@@ -763,7 +995,7 @@ Test(output, refuses_a_foreign_manifest_or_files_symmgen_did_not_write)
         {"\"format\"", NULL, "not a symmgen manifest"},
         {"{\"format\": 1, \"symmgen\": \"1.0\",}", NULL, "manifest.json is not JSON: line 1"},
         /* A manifest of ours that does not list the old*.c beside it. */
-        {"{\"format\": 1, \"symmgen\": \"1.0\", \"variants\": []}", NULL, ".c, which symmgen did not write"},
+        {"{\"format\": 1, \"symmgen\": \"1.0\", \"variants\": []}", NULL, ", which symmgen did not write"},
         {NULL, extra, extra},
         {NULL, sub, sub},
     };

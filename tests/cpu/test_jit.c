@@ -543,6 +543,212 @@ Test(jit, no_cache_flag_neither_reads_nor_writes)
     free(src);
 }
 
+/* --- what another user could write ------------------------------------------ */
+
+/* An entry that is not a regular file of ours that only we may write is
+ * never loaded, even when its bytes are a valid entry for the key: it is
+ * said to be invalid, compiled again and replaced by a file of ours (0600). */
+static void check_untrusted_entry_is_replaced(void (*plant)(const char *entry, const char *copy),
+                                              const char *expected_reason)
+{
+    char *src = kernel_source((uint32_t)rnd());
+    symm_jit_request req = request(src, cache_dir);
+    symm_jit_result first, again, third;
+    compile_ok(&req, &first);
+    char copy[400];
+    snprintf(copy, sizeof copy, "%s.elsewhere", cache_dir);
+    size_t n;
+    void *bytes = read_file(first.cache_path, &n);
+    write_file(copy, bytes, n); /* a valid entry for the key, outside the cache */
+    free(bytes);
+    plant(first.cache_path, copy);
+    compile_ok(&req, &again);
+    cr_assert(!again.cache_hit, "an entry another user could write was loaded (%s)", expected_reason);
+    cr_assert(strstr(again.warning, "invalid") && strstr(again.warning, expected_reason),
+              "warning \"%s\": expected it to say the entry was invalid (%s)", again.warning, expected_reason);
+    cr_assert(same_bytes(&first, &again), "recompiled cubin differs");
+    struct stat st;
+    cr_assert(lstat(first.cache_path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                  (st.st_mode & 0777) == 0600,
+              "the entry was not replaced by a 0600 file of ours (mode %o, uid %u)", st.st_mode,
+              (unsigned)st.st_uid);
+    compile_ok(&req, &third);
+    cr_assert(third.cache_hit && same_bytes(&first, &third) && !third.warning[0], "the replacement is not used");
+    symm_jit_result_free(&first);
+    symm_jit_result_free(&again);
+    symm_jit_result_free(&third);
+    unlink(copy);
+    free(src);
+}
+
+static void plant_symlink(const char *entry, const char *copy)
+{
+    cr_assert(unlink(entry) == 0 && symlink(copy, entry) == 0, "symlink: %s", strerror(errno));
+}
+
+static void plant_group_writable(const char *entry, const char *copy)
+{
+    (void)copy;
+    cr_assert(chmod(entry, 0620) == 0);
+}
+
+static void plant_world_writable(const char *entry, const char *copy)
+{
+    (void)copy;
+    cr_assert(chmod(entry, 0602) == 0);
+}
+
+static void plant_foreign_owner(const char *entry, const char *copy)
+{
+    (void)copy;
+    cr_assert(chown(entry, 65534, 65534) == 0, "chown: %s", strerror(errno));
+}
+
+Test(jit, symlinked_entry_is_not_loaded)
+{
+    check_untrusted_entry_is_replaced(plant_symlink, "a symbolic link");
+}
+
+Test(jit, group_or_world_writable_entry_is_not_loaded)
+{
+    check_untrusted_entry_is_replaced(plant_group_writable, "writable by its group (mode 620)");
+    check_untrusted_entry_is_replaced(plant_world_writable, "writable by other users (mode 602)");
+}
+
+Test(jit, entry_of_another_user_is_not_loaded)
+{
+    if (geteuid() != 0) {
+        teardown();
+        cr_skip_test("needs root to give an entry to another uid");
+    }
+    check_untrusted_entry_is_replaced(plant_foreign_owner, "owned by uid 65534, not by this user");
+}
+
+Test(jit, cache_dir_owned_by_another_user_is_not_used)
+{
+    if (geteuid() != 0) {
+        teardown();
+        cr_skip_test("needs root to give a directory to another uid");
+    }
+    setenv("SYMM_JIT_DUMP", "1", 1);
+    cr_assert(chown(cache_dir, 65534, 65534) == 0);
+    char *src = kernel_source((uint32_t)rnd());
+    symm_jit_request req = request(src, cache_dir);
+    symm_jit_result res;
+    compile_ok(&req, &res);
+    cr_assert(!res.cache_hit && strstr(res.warning, "owned by uid 65534"), "warning \"%s\"", res.warning);
+    cr_assert_eq(count_files(cache_dir), 0, "something was written into another user's directory");
+    symm_jit_result_free(&res);
+    free(src);
+}
+
+/* A symbolic link at the cache directory's path is not followed: whoever
+ * can replace the link chooses the directory. */
+Test(jit, symlinked_cache_dir_is_not_used)
+{
+    char link[320];
+    snprintf(link, sizeof link, "%s/link", cache_dir);
+    cr_assert(symlink(cache_dir, link) == 0);
+    char *src = kernel_source((uint32_t)rnd());
+    symm_jit_request req = request(src, link);
+    symm_jit_result res;
+    compile_ok(&req, &res);
+    cr_assert(!res.cache_hit && strstr(res.warning, "is a symbolic link") &&
+                  strstr(res.warning, "compiled without caching"), "warning \"%s\"", res.warning);
+    cr_assert_str_eq(res.cache_path, "");
+    cr_assert_eq(count_files(cache_dir), 1, "only the link: nothing written through it");
+    symm_jit_result_free(&res);
+    free(src);
+}
+
+/* SYMM_JIT_DUMP writes into the cache's directory only when the cache could
+ * use it: never into one it refused. */
+Test(jit, dump_writes_nothing_into_a_refused_directory)
+{
+    setenv("SYMM_JIT_DUMP", "1", 1);
+    cr_assert(chmod(cache_dir, 0777) == 0);
+    char *src = kernel_source((uint32_t)rnd());
+    symm_jit_request req = request(src, cache_dir);
+    symm_jit_result res;
+    compile_ok(&req, &res);
+    cr_assert(strstr(res.warning, "writable by other users") && strstr(res.warning, "SYMM_JIT_DUMP: nothing written"),
+              "warning \"%s\"", res.warning);
+    cr_assert_eq(count_files(cache_dir), 0, "SYMM_JIT_DUMP wrote into a directory others can write");
+    symm_jit_result_free(&res);
+    /* With the cache off, the dumps' directory is checked all the same. */
+    req.flags = SYMM_JIT_NO_CACHE;
+    compile_ok(&req, &res);
+    cr_assert(strstr(res.warning, "writable by other users") && strstr(res.warning, "SYMM_JIT_DUMP: nothing written"),
+              "warning \"%s\"", res.warning);
+    cr_assert_eq(count_files(cache_dir), 0, "SYMM_JIT_DUMP wrote into a directory others can write");
+    symm_jit_result_free(&res);
+    free(src);
+}
+
+/* A missing cache directory is made here, 0700 whatever the umask, and
+ * used; its world-writable parent (like /tmp) does not matter. */
+Test(jit, missing_cache_dir_is_created_0700_and_used)
+{
+    char parent[320], dir[340];
+    snprintf(parent, sizeof parent, "%s/shared", cache_dir);
+    cr_assert(mkdir(parent, 0777) == 0 && chmod(parent, 01777) == 0);
+    snprintf(dir, sizeof dir, "%s/mine", parent);
+    mode_t old = umask(0);
+    char *src = kernel_source((uint32_t)rnd());
+    symm_jit_request req = request(src, dir);
+    symm_jit_result res, hit;
+    compile_ok(&req, &res);
+    umask(old);
+    struct stat st;
+    cr_assert(lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700,
+              "mode %o", st.st_mode & 0777);
+    cr_assert(!strncmp(res.cache_path, dir, strlen(dir)) && !res.warning[0], "entry %s, warning \"%s\"",
+              res.cache_path, res.warning);
+    compile_ok(&req, &hit);
+    cr_assert(hit.cache_hit);
+    symm_jit_result_free(&res);
+    symm_jit_result_free(&hit);
+    free(src);
+}
+
+/* Once checked, the directory is used through its descriptor: a directory
+ * renamed into its place afterwards (the race of a directory that did not
+ * exist yet, in a parent others can write) is never read from or written to. */
+Test(jit, directory_swapped_in_after_the_check_is_not_used)
+{
+    char dir[320], planted[320], aside[320], name[96], why[512];
+    snprintf(dir, sizeof dir, "%s/cache", cache_dir);
+    snprintf(planted, sizeof planted, "%s/planted", cache_dir);
+    snprintf(aside, sizeof aside, "%s/aside", cache_dir);
+    int fd = -1, created = 0;
+    cr_assert_eq(symm_jit_cache_open_dir(dir, &fd, &created, why, sizeof why), 0, "%s", why);
+    cr_assert(created, "the missing directory was not created here");
+    /* Someone else's directory, with a valid entry for the key. */
+    uint8_t key[SYMM_SHA256_SIZE], payload[256];
+    for (size_t i = 0; i < sizeof key; i++)
+        key[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sizeof payload; i++)
+        payload[i] = (uint8_t)rnd();
+    snprintf(name, sizeof name, "k%u.cubin", (unsigned)rnd());
+    cr_assert(mkdir(planted, 0700) == 0);
+    int pfd = open(planted, O_RDONLY | O_DIRECTORY);
+    cr_assert(pfd >= 0 && symm_jit_cache_write(pfd, name, key, payload, sizeof payload, why, sizeof why) == 0, "%s",
+              why);
+    close(pfd);
+    cr_assert(rename(dir, aside) == 0 && rename(planted, dir) == 0, "swap: %s", strerror(errno));
+    symm_jit_cache_lookup lookup;
+    void *got = NULL;
+    size_t size = 0;
+    cr_assert_eq(symm_jit_cache_read(fd, name, key, &lookup, &got, &size, why, sizeof why), 0, "%s", why);
+    cr_assert_eq(lookup, SYMM_JIT_CACHE_MISS, "the swapped-in directory's entry was read");
+    free(got);
+    cr_assert_eq(symm_jit_cache_write(fd, name, key, payload, 16, why, sizeof why), 0, "%s", why);
+    char mine[512];
+    snprintf(mine, sizeof mine, "%s/%s", aside, name);
+    cr_assert(access(mine, F_OK) == 0, "the entry did not go into the directory that was checked");
+    close(fd);
+}
+
 /* --- errors ------------------------------------------------------------------ */
 
 Test(jit, compile_error_names_the_file_and_nvrtc_line)

@@ -8,6 +8,7 @@
 #include <criterion/parameterized.h>
 #include <errno.h>
 #include <limits.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -745,7 +746,15 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
-         "variant tiny_rank: field files.cu: got \"/etc/passwd\", expected a path relative to the manifest's directory"},
+         "variant tiny_rank: field files.cu: got \"/etc/passwd\", expected a path inside the manifest's directory "
+         "(relative, without \"..\")"},
+        {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"../../../../etc/passwd\"",
+         "variant tiny_rank: field files.cu: got \"../../../../etc/passwd\", expected a path inside the manifest's "
+         "directory (relative, without \"..\")"},
+        {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"sub/../../tiny_rank.cu\"",
+         "variant tiny_rank: field files.cu: got \"sub/../../tiny_rank.cu\", expected a path inside the manifest's "
+         "directory"},
+
         {"\"cu\": \"tiny_rank.cu\", ", "", "variant tiny_rank: field files.cu: missing"},
         {"\"hidden\": 256,", "\"hidden\": 256, \"hidden\": 512,", "variant tiny_rank: field hidden: given 2 times, expected once"},
         {"\"variants\": [\n    {", "\"variants\": [\n    17, {", "field variants[0]: got 17, expected an object (one variant)"},
@@ -1162,6 +1171,73 @@ Test(manifest, deep_nesting_stops_at_the_cap)
     cr_assert(v->type == SYMM_JSON_NUMBER && v->is_int && v->integer == INT64_MIN);
     symm_json_free(doc);
     free(text);
+}
+
+/* Heap bytes in use now (the JSON tree's, measured around a parse). */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* A value costs a node of about 90 bytes however short its text: "[0,0,...]"
+ * once took 64 times its size. The tree is capped at 16 bytes per byte of
+ * text (and 1 GiB): a denser document is refused where the cap is met,
+ * without taking the memory; the manifests symmgen writes stay far below. */
+Test(manifest, json_memory_is_bounded_not_only_bytes)
+{
+    uint64_t rng = fresh_seed();
+    size_t n = ((size_t)4 << 20) + below(&rng, 4096), len = 0;
+    char *text = malloc(n + 2);
+    text[len++] = '[';
+    while (len + 2 < n) {
+        text[len++] = below(&rng, 2) ? '0' : '1';
+        text[len++] = ',';
+    }
+    text[len++] = '0';
+    text[len++] = ']';
+    symm_json_doc *doc = NULL;
+    int line = 0, col = 0;
+    char why[256];
+    size_t before = heap_in_use();
+    int rc = symm_json_parse(text, len, &doc, &line, &col, why, sizeof why);
+    size_t used = heap_in_use() - before;
+    cr_assert_eq(rc, SYMM_JSON_TOO_LARGE, "a dense array of %zu bytes was read (rc %d, %zu bytes in use)", len, rc,
+                 used);
+    cr_assert(doc == NULL && line == 1 && col > 1 && col < (int)len, "at %d:%d", line, col);
+    cr_assert(strstr(why, "too many values for a document of its size") && strstr(why, "16 bytes for each byte"),
+              "%s", why);
+
+    /* Through the manifest reader: a clear error naming where. */
+    scratch s;
+    scratch_make(&s);
+    FILE *f = fopen(s.manifest, "w");
+    cr_assert(f);
+    fprintf(f, "{\"format\": 1, \"symmgen\": \"x\", \"spec\": \"s.lua\", \"variants\": [], \"pad\": ");
+    fwrite(text, 1, len, f);
+    fputs("}\n", f);
+    fclose(f);
+    symm_manifest *m;
+    expect_failure(symm_manifest_open(s.manifest, &m), SYMM_ERR_INVALID_ARG, s.manifest, "too many values");
+
+    /* Under the cap, the tree takes what it says. */
+    size_t small = 1000 + below(&rng, 20000);
+    text[0] = '[';
+    for (len = 1; len + 2 < small;) {
+        text[len++] = '7';
+        text[len++] = ',';
+    }
+    text[len++] = '7';
+    text[len++] = ']';
+    before = heap_in_use();
+    cr_assert_eq(symm_json_parse(text, len, &doc, &line, &col, why, sizeof why), SYMM_JSON_OK, "%s", why);
+    used = heap_in_use() - before;
+    cr_assert(used <= len * SYMM_JSON_MEMORY_PER_BYTE + SYMM_JSON_MEMORY_FLOOR + 4096,
+              "%zu bytes of text took %zu bytes", len, used);
+    cr_assert_eq(symm_json_root(doc)->count, (len - 1) / 2);
+    symm_json_free(doc);
+    free(text);
+    wf_rmtree(s.dir);
 }
 
 Test(manifest, numbers_beyond_int64_are_kept_as_text)

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -551,36 +552,178 @@ Test(symmrun, sigint_to_symmrun_stops_the_ranks_with_130)
     release(&r);
 }
 
-/* symmrun itself dies by SIGKILL: its ranks must die with it. This process
- * becomes their subreaper, so they are reaped here and can be checked. */
-Test(symmrun, ranks_die_when_symmrun_is_killed)
+/* Waits up to `seconds` for every pid to be gone (reaping any that came to
+ * this process, a subreaper); true when none is left. */
+static bool all_gone(const pid_t *pids, int n, double seconds)
+{
+    double until = wf_now() + seconds;
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            ;
+        int left = 0;
+        for (int i = 0; i < n; i++)
+            left += kill(pids[i], 0) == 0 || errno != ESRCH;
+        if (left == 0)
+            return true;
+        if (wf_now() > until)
+            return false;
+        wf_sleep(0.01);
+    }
+}
+
+static void kill_all(const pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        kill(pids[i], SIGKILL);
+}
+
+/* symmrun itself dies by SIGKILL: its ranks, and what they started (in
+ * their process groups or in sessions of their own), must die with it.
+ * This process becomes a subreaper, so that anything orphaned comes here
+ * and can be checked. */
+Test(symmrun, ranks_and_their_children_die_when_symmrun_is_killed)
 {
     cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
     char dir[128], pidfile[192];
     make_pidfile(dir, sizeof dir, pidfile, sizeof pidfile);
     run r;
-    start(&r, (const char *[]){"-n", "3", "/bin/sh", "-c", "echo $$ >> \"$1\"; exec sleep 30", "sh", pidfile,
-                               NULL});
-    pid_t pids[3];
+    start(&r, (const char *[]){"-n", "3", "/bin/sh", "-c",
+                               "sleep 301 & echo $! >> \"$1\"; setsid sleep 302 & echo $! >> \"$1\"; "
+                               "echo $$ >> \"$1\"; wait", "sh", pidfile, NULL});
+    pid_t pids[9];
     double until = wf_now() + 5;
-    while (read_pids(pidfile, pids, 3) < 3 && wf_now() < until)
+    while (read_pids(pidfile, pids, 9) < 9 && wf_now() < until)
         wf_sleep(0.01);
-    cr_assert_eq(read_pids(pidfile, pids, 3), 3, "the ranks did not start");
+    cr_assert_eq(read_pids(pidfile, pids, 9), 9, "the ranks did not start their children");
     kill(r.pid, SIGKILL);
     finish(&r, 5);
-    for (int i = 0; i < 3; i++) {
-        int st = 0;
-        pid_t got = 0;
-        until = wf_now() + 3;
-        while ((got = waitpid(pids[i], &st, WNOHANG)) == 0 && wf_now() < until)
-            wf_sleep(0.01);
-        if (got != pids[i])
-            kill(pids[i], SIGKILL);
-        cr_assert_eq(got, pids[i], "rank process %d outlived symmrun", pids[i]);
-        cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "rank %d ended otherwise (status %#x)", i, st);
-    }
+    bool gone = all_gone(pids, 9, 3);
+    if (!gone)
+        kill_all(pids, 9);
+    cr_assert(gone, "a rank or a child of one outlived symmrun killed with SIGKILL");
     release(&r);
     wf_rmtree(dir);
+}
+
+/* The review's reproducer: a rank that leaves a background child and fails.
+ * symmrun returns the rank's status and the child is gone. */
+Test(symmrun, background_child_of_a_failing_rank_is_stopped)
+{
+    char dir[128], pidfile[192];
+    make_pidfile(dir, sizeof dir, pidfile, sizeof pidfile);
+    run r = run_symmrun((const char *[]){"-n", "2", "sh", "-c", "sleep 302 & echo $! >> \"$1\"; exit 1", "sh",
+                                         pidfile, NULL},
+                        10);
+    cr_assert_eq(r.code, 1, "exit %d; stderr: %s", r.code, r.buf[1]);
+    pid_t pids[2];
+    /* The first rank to fail stops the other, which may not have started its sleep. */
+    int n = read_pids(pidfile, pids, 2);
+    cr_assert(n >= 1, "no sleep was started");
+    bool gone = all_gone(pids, n, 0.5);
+    if (!gone)
+        kill_all(pids, n);
+    cr_assert(gone, "the background sleep outlived symmrun");
+    cr_assert(r.elapsed < 1.8, "took %.2f s", r.elapsed);
+    release(&r);
+    wf_rmtree(dir);
+}
+
+/* Ranks that all succeed but leave processes running, one in a session of
+ * its own (out of the rank's process group): symmrun says so, stops them
+ * and still returns 0. */
+Test(symmrun, processes_left_by_successful_ranks_are_stopped)
+{
+    char dir[128], pidfile[192];
+    make_pidfile(dir, sizeof dir, pidfile, sizeof pidfile);
+    run r = run_symmrun((const char *[]){"-n", "2", "sh", "-c",
+                                         "sleep 303 & echo $! >> \"$1\"; setsid sleep 304 & echo $! >> \"$1\"",
+                                         "sh", pidfile, NULL},
+                        10);
+    cr_assert_eq(r.code, 0, "exit %d; stderr: %s", r.code, r.buf[1]);
+    cr_assert(strstr(r.buf[1], "symmrun: the ranks left") && strstr(r.buf[1], "running: stopping them"),
+              "stderr: %s", r.buf[1]);
+    pid_t pids[4];
+    cr_assert_eq(read_pids(pidfile, pids, 4), 4);
+    bool gone = all_gone(pids, 4, 0.5);
+    if (!gone)
+        kill_all(pids, 4);
+    cr_assert(gone, "a process the ranks left outlived symmrun");
+    cr_assert(r.elapsed < 1.8, "took %.2f s: SIGTERM should have stopped them", r.elapsed);
+    release(&r);
+    wf_rmtree(dir);
+}
+
+/* A leftover that ignores SIGTERM gets SIGKILL after the grace period. */
+Test(symmrun, leftover_ignoring_sigterm_is_killed_after_the_grace_period)
+{
+    char dir[128], pidfile[192];
+    make_pidfile(dir, sizeof dir, pidfile, sizeof pidfile);
+    run r = run_symmrun((const char *[]){"-n", "1", "sh", "-c",
+                                         "sh -c 'trap \"\" TERM; echo $$ >> \"$1\"; exec sleep 305' sh \"$1\" & "
+                                         "while [ ! -s \"$1\" ]; do sleep 0.01; done", "sh", pidfile, NULL},
+                        10);
+    cr_assert_eq(r.code, 0, "exit %d; stderr: %s", r.code, r.buf[1]);
+    pid_t pids[1];
+    cr_assert_eq(read_pids(pidfile, pids, 1), 1);
+    bool gone = all_gone(pids, 1, 0.5);
+    if (!gone)
+        kill_all(pids, 1);
+    cr_assert(gone, "the leftover ignoring SIGTERM outlived symmrun");
+    cr_assert(r.elapsed > 1.9 && r.elapsed < 4.5, "took %.2f s; expected SIGKILL 2 s after SIGTERM", r.elapsed);
+    release(&r);
+    wf_rmtree(dir);
+}
+
+/* A rank killed by SIGKILL while its child runs: the child goes too. */
+Test(symmrun, child_of_a_rank_killed_by_sigkill_is_stopped)
+{
+    char dir[128], pidfile[192];
+    make_pidfile(dir, sizeof dir, pidfile, sizeof pidfile);
+    run r = run_symmrun((const char *[]){"-n", "2", "sh", "-c",
+                                         "sleep 306 & echo $! >> \"$1\"; "
+                                         "while [ \"$(wc -l < \"$1\")\" -lt 2 ]; do sleep 0.01; done; "
+                                         "if [ \"$SYMM_RANK\" = 0 ]; then kill -9 $$; fi; wait", "sh", pidfile, NULL},
+                        10);
+    cr_assert_eq(r.code, 128 + SIGKILL, "exit %d; stderr: %s", r.code, r.buf[1]);
+    pid_t pids[2];
+    cr_assert_eq(read_pids(pidfile, pids, 2), 2);
+    bool gone = all_gone(pids, 2, 0.5);
+    if (!gone)
+        kill_all(pids, 2);
+    cr_assert(gone, "a child of the killed rank outlived symmrun");
+    release(&r);
+    wf_rmtree(dir);
+}
+
+/* SIGINT to symmrun's whole process group (a terminal's Ctrl-C) reaches the
+ * ranks once, as a single SIGINT, not as the second one that kills (the
+ * supervisor is in a group of its own: only the front gets it). */
+Test(symmrun, sigint_to_the_process_group_is_passed_on_once)
+{
+    const char *path = symmrun_path();
+    int out[2];
+    cr_assert(pipe(out) == 0);
+    pid_t holder = fork();
+    if (holder == 0) {
+        /* A process group of its own, as a shell makes for a job. */
+        setpgid(0, 0);
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl(path, path, "-n", "2", "/bin/sh", "-c",
+              "trap 'echo got-int-$SYMM_RANK; exit 7' INT; echo ready; while :; do sleep 0.05; done", (char *)NULL);
+        _exit(99);
+    }
+    setpgid(holder, holder);
+    close(out[1]);
+    run r = {.pid = holder, .fd = {out[0], -1}, .code = -1, .t0 = wf_now()};
+    pump(&r, wf_now() + 5, "ready", 2);
+    cr_assert_eq(count_of(r.buf[0], "ready"), 2, "the ranks never got ready: %s", r.buf[0]);
+    kill(-holder, SIGINT);
+    finish(&r, 10);
+    cr_assert_eq(r.code, 7, "exit %d: a single SIGINT should end the ranks with 7; stdout: %s", r.code, r.buf[0]);
+    cr_assert(strstr(r.buf[0], "got-int-"), "stdout: %s", r.buf[0]);
+    release(&r);
 }
 
 /* --- a real world ------------------------------------------------------------ */

@@ -818,6 +818,48 @@ Test(world, stale_socket_is_replaced)
     wf_rmtree(t.dir);
 }
 
+/* Two jobs with one job id: the second job's rank 0 finds the socket in
+ * use, and its rank 1, refused by the first job's rank 0 for its secret,
+ * says that the job id may be shared, not only that the secret is wrong. */
+static int rank_of_two_jobs(int i, void *arg, wf_result *res, wf_result *all)
+{
+    (void)all;
+    world_test *t = arg;
+    symm_world_config cfg = cfg_of(t, i % 2);
+    char other[65];
+    if (i >= 2) {
+        wf_secret(other); /* job B: same id, its own secret */
+        cfg.secret = other;
+        wf_sleep(0.2);
+    }
+    if (i == 1)
+        wf_sleep(1.2); /* job A's rank 0 keeps listening meanwhile */
+    symm_world *w = NULL;
+    double t0 = wf_now();
+    symm_status st = symm_world_create(&cfg, &w);
+    record(res, st, t0);
+    symm_world_destroy(w);
+    if (i < 2 && st)
+        return failed_call(res, "job A", st);
+    return 0;
+}
+
+Test(world, job_id_clash_is_named_by_both_ranks_of_the_second_job)
+{
+    world_test t;
+    setup(&t, 2, 4);
+    wf_result *r = wf_run(4, rank_of_two_jobs, &t, 15);
+    expect_success(r, 2);
+    expect_status(r, 2, SYMM_ERR_STATE, "in use by a live world: another job has job id");
+    expect_status(r, 3, SYMM_ERR_PEER, "wrong job secret");
+    char want[400];
+    snprintf(want, sizeof want, "Another job may be using job id \"%s\"", t.job);
+    expect_status(r, 3, SYMM_ERR_PEER, want);
+    expect_status(r, 3, SYMM_ERR_PEER, "give each job its own SYMM_JOB_ID");
+    wf_free(r, 4);
+    wf_rmtree(t.dir);
+}
+
 Test(world, live_socket_of_the_same_job_id_is_an_error)
 {
     world_test t;
