@@ -93,7 +93,7 @@ static void addf(text *t, const char *fmt, ...)
 
 static const char *const field_names[] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype", "combine_dtype", "layout",
-    "weights", "capacity", "align", "sms", "combine",
+    "weights", "capacity", "align", "sms", "combine", "combine_order",
 };
 
 /* A Lua expression of any kind, biased towards the edges of every rule. */
@@ -324,7 +324,7 @@ static void make_overrides(sg_override *ov, size_t *n, char (*values)[64])
 {
     static const char *const vals[] = {
         "1", "0", "-1", "17", "2", "128", "7168", "7168.0", "0x10", "1e3", "1.5", "9223372036854775808",
-        "bf16", "fp8_e4m3", "expert", "pull", "push", "true", "false", "", "x\x1by", "\xff",
+        "bf16", "fp8_e4m3", "expert", "pull", "push", "rank", "k", "true", "false", "", "x\x1by", "\xff",
     };
     *n = chance(70) ? 0 : 1 + below(3);
     for (size_t i = 0; i < *n; i++) {
