@@ -94,17 +94,24 @@ static symm_status bind_listen(int fd, const char *path, listener *l, int *in_us
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     memcpy(a.sun_path, path, strlen(path) + 1);
     *in_use = 0;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (errno == EADDRINUSE) {
+    /* bind() creates the socket with 0777 less the umask, so the socket is
+     * made 0600 from its first moment by the umask around it: a chmod after
+     * bind would leave a window in which it is open to every user (the
+     * directory is 0700 anyway). The umask is the process's: a file another
+     * thread creates meanwhile gets at most 0600, never more. */
+    mode_t old_mask = umask(0177);
+    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+    int bind_errno = errno;
+    umask(old_mask);
+    if (rc != 0) {
+        if (bind_errno == EADDRINUSE) {
             *in_use = 1;
             return SYMM_OK;
         }
-        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: bind %s: %s", path, strerror(errno));
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: bind %s: %s", path, strerror(bind_errno));
     }
     struct stat st;
-    /* bind honours only the umask; the directory is 0700 anyway, but the
-     * socket itself is made 0600 as well. */
-    if (chmod(path, 0600) != 0 || lstat(path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
+    if (lstat(path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
         int err = errno;
         unlink(path);
         return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: listen on %s: %s", path, strerror(err));

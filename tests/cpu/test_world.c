@@ -3,6 +3,7 @@
  * or unwelcome, each bounded by a short timeout. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
@@ -737,8 +738,28 @@ Test(world, socket_dir_with_wrong_mode_owner_or_type_is_refused)
     wf_rmtree(t.dir);
 }
 
+/* bind() as libsymm calls it (this definition takes the place of libc's in
+ * this program), noting the mode the rendezvous socket has the moment bind
+ * creates it: an observer polling the file could miss a short window between
+ * bind and a later chmod, this cannot. */
+static volatile int socket_mode_at_bind = -1;
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    static int (*real_bind)(int, const struct sockaddr *, socklen_t);
+    if (!real_bind)
+        real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
+    int rc = real_bind(fd, addr, len);
+    const struct sockaddr_un *un = (const struct sockaddr_un *)addr;
+    struct stat st;
+    if (rc == 0 && addr->sa_family == AF_UNIX && strstr(un->sun_path, "/symm-") && lstat(un->sun_path, &st) == 0)
+        socket_mode_at_bind = (int)(st.st_mode & 07777);
+    return rc;
+}
+
 /* Rank 0 runs with umask 0, rank 1 comes late, an observer looks at the
- * directory and the socket meanwhile, and after the world formed. */
+ * directory and the socket meanwhile, and after the world formed. Rank 0
+ * also checks the mode its socket had when bind created it. */
 static int rank_or_observer(int i, void *arg, wf_result *res, wf_result *all)
 {
     world_test *t = arg;
@@ -772,7 +793,12 @@ static int rank_or_observer(int i, void *arg, wf_result *res, wf_result *all)
     res->flag = 1;
     symm_status st = symm_world_barrier(w);
     symm_world_destroy(w);
-    return st ? failed_call(res, "symm_world_barrier", st) : 0;
+    if (st)
+        return failed_call(res, "symm_world_barrier", st);
+    if (i == 0 && socket_mode_at_bind != 0600)
+        return wf_failf(res, "bind created the socket with mode %04o under umask 0, expected 0600 from the start",
+                        (unsigned)socket_mode_at_bind);
+    return 0;
 }
 
 Test(world, socket_is_0600_in_a_0700_dir_even_with_umask_0)
