@@ -578,16 +578,24 @@ symm_status symm_world_create_from_env(symm_world **out)
     return symm_world_create(&cfg, out);
 }
 
-void symm_world_destroy(symm_world *w)
+symm_status symm_world_destroy(symm_world *w)
 {
     if (!w)
-        return;
+        return SYMM_OK;
+    int failed_rank = -1, failed_errno = 0;
     if (w->conn)
         for (int r = 0; r < w->size; r++)
-            if (w->conn[r] >= 0)
-                close(w->conn[r]);
+            if (w->conn[r] >= 0 && close(w->conn[r]) != 0 && failed_rank < 0) {
+                failed_rank = r;
+                failed_errno = errno;
+            }
+    const int rank = w->rank;
     free(w->conn);
     free(w);
+    if (failed_rank >= 0)
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_destroy: rank %d: closing the connection to rank %d: %s "
+                         "(everything is freed)", rank, failed_rank, strerror(failed_errno));
+    return SYMM_OK;
 }
 
 int symm_world_rank(const symm_world *w) { return w ? w->rank : -1; }

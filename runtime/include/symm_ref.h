@@ -129,8 +129,9 @@ symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r);
 symm_status symm_ref_recv_repoison(const symm_ref_config *cfg, symm_ref_recv *r);
 
 /* Free what symm_ref_recv_alloc allocated and zero r. NULL or a zeroed r is
- * fine. Never call it on a recv whose arrays the caller owns. */
-void symm_ref_recv_free(symm_ref_recv *r);
+ * fine. Never call it on a recv whose arrays the caller owns. Always
+ * SYMM_OK. */
+symm_status symm_ref_recv_free(symm_ref_recv *r);
 
 /* Whole-world dispatch: in[world] -> recv[world], and stats[world] unless
  * stats is NULL. Each recv[p] must have capacity symm_ref_capacity(cfg) and

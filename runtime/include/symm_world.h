@@ -82,8 +82,10 @@ symm_status symm_world_create(const symm_world_config *cfg, symm_world **out);
 /* symm_world_config_from_env then symm_world_create. */
 symm_status symm_world_create_from_env(symm_world **out);
 
-/* Leave the world and free it (not collective; peers see a disconnect). */
-void symm_world_destroy(symm_world *world);
+/* Leave the world and free it (not collective; peers see a disconnect).
+ * Everything is freed either way; SYMM_ERR_SYSTEM when closing a connection
+ * failed. NULL: SYMM_OK. */
+symm_status symm_world_destroy(symm_world *world);
 
 int symm_world_rank(const symm_world *world);
 int symm_world_size(const symm_world *world);

@@ -3,6 +3,7 @@
  * or unwelcome, each bounded by a short timeout. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -902,6 +903,55 @@ Test(world, no_descriptor_leaks_across_create_destroy_cycles)
     wf_result *r = wf_run(3, rank_cycles, &t, 20);
     expect_success(r, 3);
     wf_free(r, 3);
+    wf_rmtree(t.dir);
+}
+
+/* Destroy says what it could not do and frees everything anyway: rank 1's
+ * connection to rank 0 is closed behind the world's back (the descriptors
+ * create opened, found by comparing /proc/self/fd before and after), so
+ * closing it again fails; rank 0's destroy is clean. */
+static int rank_destroy_status(int i, void *arg, wf_result *res, wf_result *all)
+{
+    (void)all;
+    world_test *t = arg;
+    unsigned char before[1024] = {0};
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (atoi(e->d_name) > 2 && atoi(e->d_name) < 1024 && atoi(e->d_name) != dirfd(d))
+            before[atoi(e->d_name)] = 1;
+    if (d)
+        closedir(d);
+    symm_world *w;
+    if (join(t, i, res, &w))
+        return 1;
+    symm_status st = symm_world_barrier(w);
+    if (st)
+        return failed_call(res, "symm_world_barrier", st);
+    int closed = 0;
+    for (int fd = 3; i == 1 && fd < 1024; fd++) {
+        struct stat sb;
+        if (!before[fd] && fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode))
+            closed += close(fd) == 0;
+    }
+    if (i == 1 && closed != 1)
+        return wf_failf(res, "rank 1 found %d new sockets, expected its connection to rank 0", closed);
+    st = symm_world_destroy(w);
+    if (i == 0)
+        return st ? failed_call(res, "symm_world_destroy", st) : 0;
+    if (st != SYMM_ERR_SYSTEM || !strstr(symm_last_error(), "rank 1: closing the connection to rank 0"))
+        return wf_failf(res, "destroy after its connection was closed: %s: %s", symm_status_name(st),
+                        symm_last_error());
+    return 0;
+}
+
+Test(world, destroy_returns_a_status_and_takes_null)
+{
+    cr_assert_eq(symm_world_destroy(NULL), SYMM_OK);
+    world_test t;
+    setup(&t, 2, 5);
+    wf_result *r = wf_run(2, rank_destroy_status, &t, 10);
+    expect_success(r, 2);
+    wf_free(r, 2);
     wf_rmtree(t.dir);
 }
 
