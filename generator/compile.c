@@ -30,6 +30,18 @@ bool sg_arch_valid(const char *arch)
     return *p == '\0' && p - arch < 16;
 }
 
+/* The NN of "sm_NN[a|f]" (90 for sm_90a, 100 for sm_100a); 0 when arch
+ * is not valid. */
+static int arch_number(const char *arch)
+{
+    if (!sg_arch_valid(arch))
+        return 0;
+    int n = 0;
+    for (const char *p = arch + 3; *p >= '0' && *p <= '9' && n < 100000; p++)
+        n = n * 10 + (*p - '0');
+    return n;
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -190,6 +202,12 @@ static int thread_count(const sg_compile_opts *o, size_t n)
 
 int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_opts *o, sg_diag *diag)
 {
+    /* The kernels use Hopper's instructions: an older target would fail in
+     * NVRTC with pages of errors. */
+    if (arch_number(o->arch) < SG_MIN_ARCH) {
+        sg_diag_add(diag, "--arch %s: the generated kernels need a Hopper (sm_90) or newer GPU", o->arch);
+        return SG_EXIT_USAGE;
+    }
     if (n == 0)
         return SG_EXIT_OK;
     pool p = {.gens = gens, .n = n, .opts = o, .start_ms = now_ms()};

@@ -134,6 +134,9 @@ enum {
 };
 
 #define SG_DEFAULT_ARCH "sm_90a"
+/* The oldest target --compile accepts: sm_90 (Hopper); the runtime refuses
+ * older GPUs at create in the same words. */
+#define SG_MIN_ARCH 90
 
 /* A template: its path in the source tree ("templates/variant.cu.in") and
  * text. The build embeds templates/ as sg_embedded_templates (scripts/embed.c
@@ -214,7 +217,8 @@ int sg_nvrtc_compile(const char *program_name, const char *source, size_t len, c
                      double *ms, char **log);
 
 /* Compile the .cu of every variant (in parallel threads). Returns SG_EXIT_OK,
- * or SG_EXIT_COMPILE with each failing variant's log in diag. */
+ * SG_EXIT_USAGE for an arch older than sm_90 (before compiling anything), or
+ * SG_EXIT_COMPILE with each failing variant's log in diag. */
 int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_opts *o, sg_diag *diag);
 
 /* The "format" of manifest.json (manifest.c); output.c recognises a

@@ -98,7 +98,9 @@ typedef struct symm_variant_options {
 
 typedef struct symm_variant symm_variant;
 
-/* Collective. Checks desc against the world (same world size), allocates the
+/* Collective. Checks desc against the world (same world size) and the GPU
+ * (Hopper, sm_90, or newer: SYMM_ERR_UNSUPPORTED "variant NAME needs a Hopper
+ * (sm_90) or newer GPU, and this rank's GPU is sm_80" otherwise), allocates the
  * symmetric buffer and the scratch, JIT-compiles the source (through the disk
  * cache), loads it, checks that every block of a launch can be resident.
  * All or nothing: on failure everything is released. opts may be NULL. */

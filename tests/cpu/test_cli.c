@@ -388,6 +388,24 @@ Test(cli, usage_errors_exit_2_with_a_message_and_write_nothing)
     result_free(&r);
 }
 
+/* A target older than Hopper is refused in one line before NVRTC runs
+ * (which would print pages of ptxas errors), and nothing is written. */
+Test(cli, compile_for_a_gpu_older_than_hopper_is_refused_in_one_line)
+{
+    write_spec("a.lua", "a", 2);
+    static const char *const older[] = {"sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_80a"};
+    const char *arch = older[rnd() % (sizeof older / sizeof older[0])];
+    for (int check = 0; check < 2; check++) {
+        result r = check ? RUN("--check", "--compile", "--arch", arch, "a.lua") : RUN("--compile", "--arch", arch, "a.lua");
+        char want[128];
+        FMT(want, "symmgen: --arch %s: the generated kernels need a Hopper (sm_90) or newer GPU\n", arch);
+        cr_assert_eq(r.status, 2, "--arch %s: status %d: %s", arch, r.status, r.err);
+        cr_assert_str_eq(r.err, want);
+        cr_assert(!exists_at("out"), "--arch %s wrote out/", arch);
+        result_free(&r);
+    }
+}
+
 Test(cli, spec_error_exits_1_with_every_message_and_writes_nothing)
 {
     int line = rnd_in(2, 30);
