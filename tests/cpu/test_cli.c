@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -914,17 +915,30 @@ Test(cli, compile_of_the_default_spec_reports_a_time_per_variant)
         FMT(want, "compiled %s for sm_90a in ", name);
         const char *at = strstr(r.err, want);
         cr_assert(at, "no compile time for %s: %s", name, r.err);
-        cr_assert(strstr(at, " ms\n"), "%s", at);
+        /* Each program the runtime compiles, with its own time. */
+        double total, part[3];
+        cr_assert_eq(sscanf(at + strlen(want), "%lf ms (dispatch %lf, combine %lf, NCCL backend %lf ms)\n", &total,
+                            &part[0], &part[1], &part[2]),
+                     4, "%s", at);
+        cr_assert(part[0] > 0 && part[1] > 0 && part[2] > 0 && fabs(total - part[0] - part[1] - part[2]) < 3,
+                  "%s: %g ms in all, parts %g %g %g", name, total, part[0], part[1], part[2]);
     }
     char total[64];
     FMT(total, "compiled %d variants for sm_90a in ", variants);
     cr_assert(strstr(r.err, total), "no total: %s", r.err);
+    FMT(total, "%d programs over ", 3 * variants);
+    cr_assert(strstr(r.err, total), "not 3 programs a variant: %s", r.err);
     cr_assert(!strstr(r.err, "warning"), "NVRTC warns: %s", r.err);
     cr_assert(exists_at("out/default/manifest.json") || exists_at("out/small/manifest.json"));
     printf("symmgen --compile: %d variants in %.0f ms\n", variants, r.ms);
     result_free(&r);
     result_free(&list);
 }
+
+/* A guard against a generator grown ten times slower: the limit leaves room
+ * for a loaded machine and the sanitizers. The goal of 1 s for 100 variants
+ * is measured quietly by scripts/bench-gen.sh (bench/RESULTS.md). */
+#define HUNDRED_VARIANTS_LIMIT_MS 10000
 
 Test(cli, a_hundred_variants_generate_quickly)
 {
@@ -939,8 +953,9 @@ Test(cli, a_hundred_variants_generate_quickly)
     result r = RUN("-q", "many.lua");
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(exists_at("out/many/v100.c"));
-    printf("symmgen: 100 variants generated in %.0f ms (target < 1000 ms)\n", r.ms);
-    cr_assert(r.ms < 10000, "100 variants took %.0f ms", r.ms);
+    printf("symmgen: 100 variants generated in %.0f ms (limit %d ms)\n", r.ms, HUNDRED_VARIANTS_LIMIT_MS);
+    cr_assert(r.ms < HUNDRED_VARIANTS_LIMIT_MS, "100 variants took %.0f ms, the limit is %d ms", r.ms,
+              HUNDRED_VARIANTS_LIMIT_MS);
     result_free(&r);
 }
 
