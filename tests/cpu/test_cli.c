@@ -844,6 +844,148 @@ Test(cli, generated_c_of_the_default_spec_compiles_cleanly)
     cr_assert(c_files > 0 && objects == c_files, "%d .c files, %d objects", c_files, objects);
 }
 
+/* A shell command in the work directory; its exit status. */
+static int sh_at(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh_at(const char *fmt, ...)
+{
+    char cmd[8192];
+    int n = snprintf(cmd, sizeof cmd, "cd %s && ", work);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(cmd + n, sizeof cmd - (size_t)n, fmt, ap);
+    va_end(ap);
+    cr_assert(m > 0 && (size_t)(n + m) < sizeof cmd, "command too long");
+    return system(cmd);
+}
+
+static const char *cuda_home(void)
+{
+    const char *c = getenv("CUDA_HOME");
+    return c && *c ? c : "/usr/local/cuda";
+}
+
+/* The stub of each variant declares what that variant takes and gives, with
+ * its types: dispatch has x_scales only with fp8 dispatch and topk_weights
+ * only with weights; NAME_recv_t has only the members the variant fills,
+ * each typed. _Generic checks every signature and member type; each member
+ * or argument a variant lacks must fail to compile. */
+Test(cli, typed_stubs_declare_only_what_each_variant_has)
+{
+    write_at("s.lua",
+             "layout { name = 'r', hidden = 1024, topk = 2, experts = 8, world = 2, max_tokens = 64 }\n"
+             "layout { name = 'e', hidden = 1024, topk = 4, experts = 16, world = 4, max_tokens = 64,\n"
+             "         layout = 'expert', align = 64, dtype = 'fp8_e4m3', weights = false }\n"
+             "layout { name = 'p', hidden = 512, topk = 2, experts = 8, world = 2, max_tokens = 32,\n"
+             "         dtype = 'fp16', combine = 'pull' }\n"
+             "layout { name = 'f', hidden = 256, topk = 2, experts = 8, world = 2, max_tokens = 32,\n"
+             "         layout = 'expert', dtype = 'fp32', combine_dtype = 'bf16' }\n");
+    result r = RUN("-q", "-o", "gen", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    write_at("gen/types.c",
+             "#include \"r.h\"\n#include \"e.h\"\n#include \"p.h\"\n#include \"f.h\"\n"
+             "#define IS(x, T) _Generic((x), T: 1, default: 0)\n"
+             "#define CHECK(x, T) _Static_assert(IS(x, T), #x \" is not \" #T)\n"
+             "CHECK(&r_dispatch, symm_status (*)(r *, int, const int32_t *, const r_x_t *, const int32_t *,\n"
+             "                                   const float *, CUstream));\n"
+             "CHECK(&e_dispatch, symm_status (*)(e *, int, const int32_t *, const e_x_t *, const float *,\n"
+             "                                   const int32_t *, CUstream));\n"
+             "CHECK(&p_dispatch, symm_status (*)(p *, int, const int32_t *, const p_x_t *, const int32_t *,\n"
+             "                                   const float *, CUstream));\n"
+             "CHECK(&r_recv, symm_status (*)(const r *, r_recv_t *));\n"
+             "CHECK(&r_combine, symm_status (*)(r *, const r_y_t *, r_y_t *, CUstream));\n"
+             "CHECK(&f_profile, symm_status (*)(f *, CUstream, symm_variant_profile *));\n"
+             "CHECK(&f_stats, symm_status (*)(f *, CUstream, symm_variant_stats *));\n"
+             "CHECK(&f_describe, const symm_variant_desc *(*)(const f *));\n"
+             "static r_recv_t rr; static e_recv_t er; static p_recv_t pr; static f_recv_t fr;\n"
+             "CHECK(rr.x, uint16_t *); CHECK(er.x, uint8_t *); CHECK(pr.x, uint16_t *); CHECK(fr.x, float *);\n"
+             "CHECK(rr.src, const int32_t *); CHECK(rr.topk_idx, const int32_t *); CHECK(rr.weights, const float *);\n"
+             "CHECK(rr.expert_count, const int32_t *); CHECK(rr.rows, const int32_t *);\n"
+             "CHECK(er.scales, const float *); CHECK(er.expert_offset, const int32_t *);\n"
+             "CHECK(pr.y, p_y_t *); CHECK(fr.weights, const float *);\n"
+             "int types_checked(void) { return (int)sizeof rr + (int)sizeof er + (int)sizeof pr + (int)sizeof fr; }\n");
+    const char *cc = "gcc -std=c11 -Wall -Wextra -Werror -Wno-unused-variable";
+    cr_assert_eq(sh_at("cd gen && %s -I%s/runtime/include -I%s/include -c types.c r.c e.c p.c f.c", cc, repo,
+                       cuda_home()),
+                 0, "the typed stubs do not have the expected types");
+    /* What a variant lacks. */
+    static const char *const lacking[] = {
+        "r_recv_t b; (void)b.scales;",        "r_recv_t b; (void)b.expert_offset;",
+        "r_recv_t b; (void)b.y;",             "e_recv_t b; (void)b.topk_idx;",
+        "e_recv_t b; (void)b.weights;",       "f_recv_t b; (void)b.topk_idx;",
+        "(void)r_dispatch(0, 0, 0, 0, 0, 0, 0, 0);", /* with x_scales */
+        "(void)e_dispatch(0, 0, 0, 0, 0, 0, 0, 0);", /* with topk_weights */
+    };
+    for (size_t i = 0; i < sizeof lacking / sizeof lacking[0]; i++) {
+        char text[512];
+        FMT(text, "#include \"r.h\"\n#include \"e.h\"\n#include \"f.h\"\nvoid lacking(void) { %s }\n", lacking[i]);
+        write_at("gen/lacking.c", text);
+        cr_assert_neq(sh_at("cd gen && %s -I%s/runtime/include -I%s/include -c lacking.c 2>/dev/null", cc, repo,
+                            cuda_home()),
+                      0, "compiled, but the variant lacks it: %s", lacking[i]);
+    }
+}
+
+/* The stubs link with libsymm and their wrappers reach the runtime, which
+ * says what is wrong, without a GPU. */
+Test(cli, typed_stubs_link_and_report_through_the_runtime)
+{
+    write_at("s.lua", "layout { name = 'r', hidden = 1024, topk = 2, experts = 8, world = 2, max_tokens = 64 }\n");
+    result r = RUN("-q", "-o", "gen", "s.lua");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    result_free(&r);
+    write_at("gen/main.c",
+             "#include <stdio.h>\n#include <string.h>\n#include \"r.h\"\n"
+             "#define EXPECT(c) do { if (!(c)) { printf(\"%s\\n%s\\n\", #c, symm_last_error()); return 1; } } while (0)\n"
+             "int main(void)\n{\n"
+             "    r_recv_t rb;\n    symm_variant_profile prof;\n"
+             "    EXPECT(r_desc()->hidden == R_HIDDEN && r_desc()->layout == SYMM_LAYOUT_RANK);\n"
+             "    EXPECT(r_describe(NULL) == NULL);\n"
+             "    EXPECT(r_recv(NULL, &rb) == SYMM_ERR_INVALID_ARG && strstr(symm_last_error(), \"variant is NULL\"));\n"
+             "    EXPECT(r_profile(NULL, NULL, &prof) == SYMM_ERR_INVALID_ARG);\n"
+             "    EXPECT(r_stats(NULL, NULL, NULL) == SYMM_ERR_INVALID_ARG);\n"
+             "    EXPECT(r_create(NULL, NULL, NULL) == SYMM_ERR_INVALID_ARG);\n"
+             "    EXPECT(r_destroy(NULL) == SYMM_OK);\n"
+             "    return 0;\n}\n");
+    char lib[PATH_MAX];
+    FMT(lib, "%s", symmgen);
+    *strrchr(lib, '/') = '\0';
+    *strrchr(lib, '/') = '\0';
+    cr_assert_eq(sh_at("cd gen && gcc -std=c11 -Wall -Wextra -Werror -I%s/runtime/include -I%s/include main.c r.c "
+                       "%s/lib/libsymm.a -ldl -lpthread -lm -o main && ./main",
+                       repo, cuda_home(), lib),
+                 0, "the stub's wrappers did not report as expected");
+}
+
+/* The README's example compiles as written: its spec's variant is
+ * generated, and its C block compiles with every warning an error. */
+Test(cli, readme_example_compiles_as_written)
+{
+    char path[PATH_MAX + 16];
+    FMT(path, "%s/README.md", repo);
+    char *readme = read_file(path, NULL);
+    cr_assert(readme, "%s", path);
+    const char *lua = strstr(readme, "```lua\n"), *c = strstr(readme, "```c\n");
+    cr_assert(lua && c, "README.md has no ```lua or no ```c block");
+    lua += strlen("```lua\n");
+    c += strlen("```c\n");
+    const char *lua_end = strstr(lua, "```"), *c_end = strstr(c, "```");
+    cr_assert(lua_end && c_end);
+    char *spec = strndup(lua, (size_t)(lua_end - lua)), *code = strndup(c, (size_t)(c_end - c));
+    write_at("readme.lua", spec);
+    write_at("readme.c", code);
+    result r = RUN("-q", "-o", "gen", "readme.lua");
+    cr_assert_eq(r.status, 0, "the README's spec: %s", r.err);
+    result_free(&r);
+    cr_assert_eq(sh_at("gcc -std=c11 -Wall -Wextra -Werror -Igen -I%s/runtime/include -I%s/include -c readme.c "
+                       "gen/*.c",
+                       repo, cuda_home()),
+                 0, "the README's C example does not compile:\n%s", code);
+    free(spec);
+    free(code);
+    free(readme);
+}
+
 /* Names whose generated C would not compile (the headers of the stub
  * declare them) are refused; names next to them are accepted, and their
  * headers compile together, in C and C++. */
