@@ -49,7 +49,7 @@ static int tokens_of(int rank) { return 100 + 7 * rank; }
         if (r_ != CUDA_SUCCESS) {                                                             \
             const char *why_ = "?";                                                           \
             cuGetErrorString(r_, &why_);                                                      \
-            fprintf(stderr, "rank %d: %s: %s\n", rank, #call, why_);                          \
+            fprintf(stderr, "rank %d: %s: %s (CUresult %d)\n", rank, #call, why_, (int)r_);      \
             goto done;                                                                        \
         }                                                                                     \
     } while (0)
