@@ -267,15 +267,21 @@ int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_o
         pthread_join(tids[t], NULL);
     pthread_mutex_destroy(&p.lock);
 
+    /* One message per failing variant: its first failing program's log (an
+     * error in code the parts share fails each of them the same way). */
     int status = SG_EXIT_OK;
     double total = 0;
-    for (size_t u = 0; u < units; u++) {
-        total += p.ms[u];
-        if (p.rc[u] < 0) {
-            sg_diag_add(diag, "%s", p.logs[u] ? p.logs[u] : "NVRTC failed without a log");
-            status = SG_EXIT_COMPILE;
+    for (size_t v = 0; v < n; v++) {
+        bool reported = false;
+        for (size_t u = v * SG_PARTS; u < (v + 1) * SG_PARTS; u++) {
+            total += p.ms[u];
+            if (p.rc[u] < 0 && !reported) {
+                sg_diag_add(diag, "%s", p.logs[u] ? p.logs[u] : "NVRTC failed without a log");
+                reported = true;
+                status = SG_EXIT_COMPILE;
+            }
+            free(p.logs[u]);
         }
-        free(p.logs[u]);
     }
     if (o->verbosity >= 2)
         fputs("\r\033[K", stderr);
