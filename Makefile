@@ -5,7 +5,8 @@
 #                   (plus a GPU self-check where GPUs are present)
 #   make test       CPU tests (Criterion), then the installed library as a user
 #                   builds against it (scripts/test-install.sh); SAN=1 builds them
-#                   with ASan+UBSan
+#                   with ASan+UBSan; QUICK=1 NVRTC-compiles one variant of each kind
+#                   of kernel instead of every variant of every spec (CI runs it all)
 #   make test-gpu   GPU tests and examples/c through symmrun (prints "skipped: no
 #                   GPU" without one); MPS=1: ranks sharing a GPU run at once under
 #                   CUDA MPS
@@ -17,6 +18,7 @@
 CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
 SAN       ?= 0
+QUICK     ?= 0
 ifeq ($(SAN),1)
 BUILD     ?= build-san
 else
@@ -184,7 +186,7 @@ run: deps
 
 test: test-deps
 	@$(MAKE) --no-print-directory all $(CPU_TESTS)
-	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/run-tests.sh $(CPU_TESTS); rc=$$?; \
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_TEST_QUICK=$(QUICK) scripts/run-tests.sh $(CPU_TESTS); rc=$$?; \
 	 SYMM_BUILD_DIR=$(BUILD) SYMM_SANFLAGS="$(SANFLAGS)" scripts/test-install.sh && exit $$rc
 
 test-gpu:

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "moe_inputs.h"
 #include "sg.h"
 #include "sha256.h"
@@ -1030,22 +1031,37 @@ Test(cli, reserved_names_are_refused_and_near_misses_compile_together)
     sg_buf_free(&spec);
 }
 
-/* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator);
- * there a small spec with one variant of each layout and an fp8 one stands in
- * for the default spec's 19, to keep the sanitizer run short. */
+/* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator). */
+#if defined(__SANITIZE_ADDRESS__)
+static const bool sanitized = true;
+#else
+static const bool sanitized = false;
+#endif
+
+/* make test QUICK=1 (SYMM_TEST_QUICK=1), the developer's loop: the tests
+ * that NVRTC-compile specs compile a few variants instead of all (the full
+ * run, which CI makes, compiles every variant of every spec once). */
+static bool quick(void)
+{
+    const char *q = getenv("SYMM_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+/* Under the sanitizers and with QUICK=1 a small spec with one variant of
+ * each layout and an fp8 one stands in for the default spec's. */
 Test(cli, compile_of_the_default_spec_reports_a_time_per_variant)
 {
     wf_watchdog(300);
     char spec[PATH_MAX + 32];
-#if defined(__SANITIZE_ADDRESS__)
-    write_at("small.lua",
-             "layout { name = 'r', hidden = 1024, topk = 2, experts = 8, world = 2, max_tokens = 64 }\n"
-             "layout { name = 'e', hidden = 1024, topk = 2, experts = 8, world = 4, max_tokens = 64,\n"
-             "         layout = 'expert', align = 64, dtype = 'fp8_e4m3' }\n");
-    FMT(spec, "%s/small.lua", work);
-#else
-    FMT(spec, "%s/specs/default.lua", repo);
-#endif
+    if (sanitized || quick()) {
+        write_at("small.lua",
+                 "layout { name = 'r', hidden = 1024, topk = 2, experts = 8, world = 2, max_tokens = 64 }\n"
+                 "layout { name = 'e', hidden = 1024, topk = 2, experts = 8, world = 4, max_tokens = 64,\n"
+                 "         layout = 'expert', align = 64, dtype = 'fp8_e4m3' }\n");
+        FMT(spec, "%s/small.lua", work);
+    } else {
+        FMT(spec, "%s/specs/default.lua", repo);
+    }
     result list = RUN("--list", spec);
     cr_assert_eq(list.status, 0);
     result r = RUN("--compile", spec);
@@ -1114,15 +1130,98 @@ Test(cli, separate_d_argument_with_unknown_field_suggests_the_field)
     result_free(&r);
 }
 
+/* symmgen --check --compile of spec (a path) passes, with a total for all
+ * its variants and no warning. */
+static void expect_compiles(const char *spec, const char *label)
+{
+    result list = RUN("--list", spec);
+    cr_assert_eq(list.status, 0, "%s: %s", label, list.err);
+    int variants = 0;
+    for (const char *p = list.out; (p = strchr(p, '\n')); p++)
+        variants++;
+    result r = RUN("--check", "--compile", spec);
+    cr_assert_eq(r.status, 0, "%s: status %d: %s", label, r.status, r.err);
+    char total[64];
+    FMT(total, "compiled %d variants for sm_90a in ", variants);
+    cr_assert(variants > 0 && strstr(r.err, total), "%s: %s", label, r.err);
+    /* Warnings are errors, in the kernels we generate too. */
+    cr_assert(!strstr(r.err, "warning"), "%s: NVRTC warns: %s", label, r.err);
+    printf("symmgen --check --compile %s: %d variants in %.0f ms\n", label, variants, r.ms);
+    result_free(&r);
+    result_free(&list);
+}
+
+/* A spec of one variant per kind of kernel among every variant of every
+ * spec in specs/: per (layout, dtype, combine_dtype, weights, combine), the
+ * first such variant, with all its fields (QUICK=1). */
+static void write_one_per_kernel_kind(const char *dir, const char *rel)
+{
+    sg_buf spec = {0}, kinds = {0};
+    sg_buf_puts(&kinds, "\n");
+    DIR *d = opendir(dir);
+    cr_assert(d, "opendir %s", dir);
+    int count = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".lua") != 0)
+            continue;
+        char path[PATH_MAX + 300];
+        FMT(path, "%s/%s", dir, e->d_name);
+        result r = RUN("--list", "--json", path);
+        cr_assert_eq(r.status, 0, "%s: %s", e->d_name, r.err);
+        symm_json_doc *doc = NULL;
+        int line, col;
+        char why[128];
+        cr_assert_eq(symm_json_parse(r.out, strlen(r.out), &doc, &line, &col, why, sizeof why), SYMM_JSON_OK,
+                     "%s --list --json: %d:%d: %s", e->d_name, line, col, why);
+        for (const symm_json *v = symm_json_root(doc)->first; v; v = v->next) {
+#define FIELD(name) symm_json_member(v, name, NULL)
+            char kind[256];
+            FMT(kind, "\n%s %s %s %d %s\n", FIELD("layout")->str, FIELD("dtype")->str, FIELD("combine_dtype")->str,
+                FIELD("weights")->boolean, FIELD("combine")->str);
+            if (strstr(kinds.data, kind))
+                continue;
+            sg_buf_puts(&kinds, kind + 1);
+            sg_buf_printf(&spec,
+                          "layout { name = 'k%d', hidden = %lld, topk = %lld, experts = %lld, world = %lld,\n"
+                          "         max_tokens = %lld, dtype = '%s', combine_dtype = '%s', layout = '%s',\n"
+                          "         weights = %s, combine = '%s', capacity = %lld, align = %lld, sms = %lld }\n",
+                          count++, (long long)FIELD("hidden")->integer, (long long)FIELD("topk")->integer,
+                          (long long)FIELD("experts")->integer, (long long)FIELD("world")->integer,
+                          (long long)FIELD("max_tokens")->integer, FIELD("dtype")->str, FIELD("combine_dtype")->str,
+                          FIELD("layout")->str, FIELD("weights")->boolean ? "true" : "false", FIELD("combine")->str,
+                          (long long)FIELD("capacity")->integer, (long long)FIELD("align")->integer,
+                          (long long)FIELD("sms")->integer);
+#undef FIELD
+        }
+        symm_json_free(doc);
+        result_free(&r);
+    }
+    closedir(d);
+    cr_assert(count >= 8, "only %d kinds of kernel in %s", count, dir);
+    write_at(rel, spec.data);
+    sg_buf_free(&spec);
+    sg_buf_free(&kinds);
+}
+
 /* Every variant of every spec we ship NVRTC-compiles for sm_90a (NVRTC needs
- * no GPU). --check --compile writes nothing. Under the sanitizers, where NVRTC
- * runs several times slower, one spec stands for all: the plain build of the
- * same CI run compiles them all. */
+ * no GPU), each once: default.lua's are compiled by
+ * compile_of_the_default_spec_reports_a_time_per_variant. --check --compile
+ * writes nothing. Under the sanitizers, where NVRTC runs several times
+ * slower, one spec stands for all: the plain build of the same CI run
+ * compiles them all. With QUICK=1, one variant of each kind of kernel. */
 Test(cli, every_variant_of_every_spec_in_specs_compiles)
 {
     wf_watchdog(1200);
     char dir[PATH_MAX + 16];
     FMT(dir, "%s/specs", repo);
+    if (quick()) {
+        write_one_per_kernel_kind(dir, "kinds.lua");
+        char spec[PATH_MAX + 16];
+        FMT(spec, "%s/kinds.lua", work);
+        expect_compiles(spec, "one variant per kind of kernel in specs/");
+        return;
+    }
     DIR *d = opendir(dir);
     cr_assert(d, "opendir %s", dir);
     int specs = 0;
@@ -1130,27 +1229,11 @@ Test(cli, every_variant_of_every_spec_in_specs_compiles)
         size_t n = strlen(e->d_name);
         if (n < 5 || strcmp(e->d_name + n - 4, ".lua") != 0)
             continue;
-#if defined(__SANITIZE_ADDRESS__)
-        if (strcmp(e->d_name, "worlds.lua") != 0)
+        if (sanitized ? strcmp(e->d_name, "worlds.lua") != 0 : strcmp(e->d_name, "default.lua") == 0)
             continue;
-#endif
         char spec[PATH_MAX + 300];
         FMT(spec, "%s/%s", dir, e->d_name);
-        result list = RUN("--list", spec);
-        cr_assert_eq(list.status, 0, "%s: %s", e->d_name, list.err);
-        int variants = 0;
-        for (const char *p = list.out; (p = strchr(p, '\n')); p++)
-            variants++;
-        result r = RUN("--check", "--compile", spec);
-        cr_assert_eq(r.status, 0, "%s: status %d: %s", e->d_name, r.status, r.err);
-        char total[64];
-        FMT(total, "compiled %d variants for sm_90a in ", variants);
-        cr_assert(variants > 0 && strstr(r.err, total), "%s: %s", e->d_name, r.err);
-        /* Warnings are errors, in the kernels we generate too. */
-        cr_assert(!strstr(r.err, "warning"), "%s: NVRTC warns: %s", e->d_name, r.err);
-        printf("symmgen --check --compile %s: %d variants in %.0f ms\n", e->d_name, variants, r.ms);
-        result_free(&r);
-        result_free(&list);
+        expect_compiles(spec, e->d_name);
         specs++;
     }
     closedir(d);
