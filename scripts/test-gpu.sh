@@ -13,7 +13,7 @@
 #     that every shape, dtype and layout is checked at a size time-slicing
 #     can afford);
 #   - with the default spec, its world-2 variants again at both ends of the
-#     tuning knobs' ranges (SYMM_TUNE, README "Tuning");
+#     tuning knobs' ranges (SYMM_TUNE, docs/api.md "Tuning");
 #   - first, examples/c's moe_example at 2 ranks (BUILD/examples/c).
 # With SYMM_TEST_MPS=1 (make test-gpu MPS=1) the native checks of worlds
 # larger than the GPU count run with every rank a client of a CUDA MPS
@@ -170,7 +170,7 @@ for spec in $specs; do
         fi
     done
 done
-# The tuning knobs (README "Tuning") at the ends of their ranges: the same
+# The tuning knobs (docs/api.md "Tuning") at the ends of their ranges: the same
 # results, bit for bit, on the default spec at world 2 (quick matrix).
 if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
     out=$build/gpu-out/default

@@ -1,9 +1,10 @@
 /* symm_ref.h: the CPU reference model of dispatch and combine.
  *
  * Plain C on host memory, no GPU and no CUDA toolkit needed. It implements the
- * contract of DESIGN.md "Semantics" for a whole world at once (every rank's
- * input in, every rank's result out), and every GPU backend is checked against
- * it bit for bit: same rows in the same order, same counts, same rounding.
+ * contract of docs/api.md "Dispatch, the experts, combine" for a whole world
+ * at once (every rank's input in, every rank's result out), and every GPU
+ * backend is checked against it bit for bit: same rows in the same order,
+ * same counts, same rounding.
  *
  * Terms: W = world, E = experts, L = E/W local experts per rank, K = topk,
  * H = hidden. Expert e lives on rank e / L.
