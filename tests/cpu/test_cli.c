@@ -31,6 +31,16 @@
 /* snprintf into an array, failing the test rather than truncating. */
 #define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
 
+/* This build is under ASan (and UBSan): its libsymm.a links only with the
+ * sanitizers, and NVRTC runs about 2.5 times slower (its allocator). */
+#if defined(__SANITIZE_ADDRESS__)
+static const bool sanitized = true;
+#define SAN_FLAGS "-fsanitize=address,undefined"
+#else
+static const bool sanitized = false;
+#define SAN_FLAGS ""
+#endif
+
 static char work[PATH_MAX];     /* fresh per test; symmgen runs here */
 static char symmgen[PATH_MAX];
 static char repo[PATH_MAX];     /* the source tree (specs/, runtime/include) */
@@ -952,8 +962,8 @@ Test(cli, typed_stubs_link_and_report_through_the_runtime)
     FMT(lib, "%s", symmgen);
     *strrchr(lib, '/') = '\0';
     *strrchr(lib, '/') = '\0';
-    cr_assert_eq(sh_at("cd gen && gcc -std=c11 -Wall -Wextra -Werror -I%s/runtime/include -I%s/include main.c r.c "
-                       "%s/lib/libsymm.a -ldl -lpthread -lm -o main && ./main",
+    cr_assert_eq(sh_at("cd gen && gcc -std=c11 -Wall -Wextra -Werror " SAN_FLAGS " -I%s/runtime/include -I%s/include "
+                       "main.c r.c %s/lib/libsymm.a -ldl -lpthread -lm -o main && ./main",
                        repo, cuda_home(), lib),
                  0, "the stub's wrappers did not report as expected");
 }
@@ -1030,13 +1040,6 @@ Test(cli, reserved_names_are_refused_and_near_misses_compile_together)
     sg_buf_free(&all);
     sg_buf_free(&spec);
 }
-
-/* NVRTC runs about 2.5 times slower under AddressSanitizer (its allocator). */
-#if defined(__SANITIZE_ADDRESS__)
-static const bool sanitized = true;
-#else
-static const bool sanitized = false;
-#endif
 
 /* make test QUICK=1 (SYMM_TEST_QUICK=1), the developer's loop: the tests
  * that NVRTC-compile specs compile a few variants instead of all (the full
