@@ -3,10 +3,14 @@
 #   make            build build/bin/symmgen, build/bin/symmrun, build/lib/libsymm.{a,so}
 #   make run        generate specs/default.lua and NVRTC-compile every variant
 #                   (plus a GPU self-check where GPUs are present)
-#   make test       CPU tests (Criterion); SAN=1 builds them with ASan+UBSan;
+#   make test       CPU tests (Criterion), then the installed library as a user
+#                   builds against it (scripts/test-install.sh); SAN=1 builds them
+#                   with ASan+UBSan; QUICK=1 NVRTC-compiles one variant of each kind
+#                   of kernel instead of every variant of every spec (CI runs it all);
 #                   FUZZ_SECONDS=N runs the spec fuzzer N seconds (default 3, SAN=1: 30)
-#   make test-gpu   GPU tests through symmrun (prints "skipped: no GPU" without one);
-#                   MPS=1: ranks sharing a GPU run at once under CUDA MPS
+#   make test-gpu   GPU tests and examples/c through symmrun (prints "skipped: no
+#                   GPU" without one); MPS=1: ranks sharing a GPU run at once under
+#                   CUDA MPS
 #   make bench      benchmarks (GPU host)
 #   make install PREFIX=/usr/local
 #
@@ -15,6 +19,7 @@
 CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
 SAN       ?= 0
+QUICK     ?= 0
 ifeq ($(SAN),1)
 BUILD     ?= build-san
 else
@@ -84,10 +89,15 @@ TEST_SUPPORT_SRCS := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_INC  := -Itests/support -Igenerator -Iruntime/include -Iruntime $(LUA_INC) $(CUDA_INC) $(CRIT_CFLAGS)
 
+# examples/c, built as a user builds it: against an installed copy of the
+# library (here BUILD/prefix), through pkg-config.
+EXAMPLE_PREFIX := $(abspath $(BUILD))/prefix
+EXAMPLE   := $(BUILD)/examples/c/moe_example
+
 BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test-deps run test test-gpu bench install clean check-cuda gpu-build
+.PHONY: all deps test-deps run test test-gpu bench install clean check-cuda gpu-build example
 .DEFAULT_GOAL := all
 # Keep the objects of test binaries (intermediate files of pattern rules) so
 # that a second `make test` rebuilds nothing.
@@ -168,6 +178,14 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBSYMM_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CUDA_STUB_LIBS) $(RT_LIBS)
 
+example: $(EXAMPLE)
+
+$(EXAMPLE): $(SYMMGEN) $(LIBSYMM_A) $(LIBSYMM_SO) examples/c/moe_example.c examples/c/example.lua examples/c/Makefile
+	@$(MAKE) --no-print-directory install PREFIX=$(EXAMPLE_PREFIX) >/dev/null
+	@PKG_CONFIG_PATH=$(EXAMPLE_PREFIX)/lib/pkgconfig $(MAKE) --no-print-directory -C examples/c \
+	    BUILD=$(abspath $(BUILD))/examples/c SYMMGEN=$(EXAMPLE_PREFIX)/bin/symmgen \
+	    CFLAGS="-std=c11 -O2 -g $(WARN) $(SANFLAGS)" LDFLAGS="$(SANFLAGS)"
+
 # ---------------------------------------------------------------------------
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -176,10 +194,12 @@ run: deps
 
 test: test-deps
 	@$(MAKE) --no-print-directory all $(CPU_TESTS)
-	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-tests.sh $(CPU_TESTS)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_FUZZ_SECONDS=$(FUZZ_SECONDS) SYMM_TEST_QUICK=$(QUICK) \
+	 scripts/run-tests.sh $(CPU_TESTS); rc=$$?; \
+	 SYMM_BUILD_DIR=$(BUILD) SYMM_SANFLAGS="$(SANFLAGS)" scripts/test-install.sh && exit $$rc
 
 test-gpu:
-	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK)
+	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK) $(EXAMPLE)
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(GPU_SPEC) SYMM_TEST_MPS=$(MPS) scripts/test-gpu.sh $(GPU_TESTS)
 
 bench:
@@ -187,7 +207,7 @@ bench:
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/bench.sh
 
 # Everything a GPU host runs, built here (the GPU machines have no Lua or Criterion).
-gpu-build: all $(GPU_TESTS) $(GPU_CHECK) $(BENCH_BINS)
+gpu-build: all $(GPU_TESTS) $(GPU_CHECK) $(BENCH_BINS) $(EXAMPLE)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/symm $(DESTDIR)$(PREFIX)/lib/pkgconfig

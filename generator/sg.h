@@ -149,6 +149,9 @@ enum {
 };
 
 #define SG_DEFAULT_ARCH "sm_90a"
+/* The oldest target --compile accepts: sm_90 (Hopper); the runtime refuses
+ * older GPUs at create in the same words. */
+#define SG_MIN_ARCH 90
 
 /* A template: its path in the source tree ("templates/variant.cu.in") and
  * text. The build embeds templates/ as sg_embedded_templates (scripts/embed.c
@@ -221,15 +224,24 @@ typedef struct sg_compile_opts {
 /* "sm_" digits, optionally followed by 'a' or 'f'. */
 bool sg_arch_valid(const char *arch);
 
+/* The programs the runtime cuts a variant's source in (-DSYMM_PART=1..3):
+ * dispatch, combine, the NCCL backend's kernels. Part 0 is the whole. */
+#define SG_PARTS 3
+const char *sg_part_name(int part);
+
 /* NVRTC-compile one source (source[len] == '\0'; a NUL inside is refused)
- * with SG_NVRTC_OPTIONS and --gpu-architecture=arch. Returns 0 with *log NULL
- * or NVRTC's warnings, or -1 with *log the reason (NVRTC's log, naming the
- * template lines thanks to #line); *log is malloc'd. *ms: wall time. */
-int sg_nvrtc_compile(const char *program_name, const char *source, size_t len, const char *arch,
+ * with --gpu-architecture=arch, SG_NVRTC_OPTIONS and, for part 1..SG_PARTS,
+ * -DSYMM_PART=part: the runtime JIT's options but its -split-compile=0
+ * (compile.c says why). Returns 0 with *log NULL or NVRTC's warnings, or -1
+ * with *log the reason (NVRTC's log, naming the template lines thanks to
+ * #line); *log is malloc'd. *ms: wall time. */
+int sg_nvrtc_compile(const char *program_name, const char *source, size_t len, const char *arch, int part,
                      double *ms, char **log);
 
-/* Compile the .cu of every variant (in parallel threads). Returns SG_EXIT_OK,
- * or SG_EXIT_COMPILE with each failing variant's log in diag. */
+/* Compile the .cu of every variant, each part on its own as the runtime
+ * does (in parallel threads). Returns SG_EXIT_OK,
+ * SG_EXIT_USAGE for an arch older than sm_90 (before compiling anything), or
+ * SG_EXIT_COMPILE with each failing variant's log in diag. */
 int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_opts *o, sg_diag *diag);
 
 /* The "format" of manifest.json (manifest.c); output.c recognises a

@@ -187,7 +187,7 @@ static const char *const cuda_names[] = {
  * and macros UPPER_SUFFIX, UPPER the name in capitals. Another variant named
  * like one of them would clash with it in a file that includes both headers. */
 static const char *const derived_functions[] = {
-    "_desc", "_create", "_destroy", "_dispatch", "_combine", "_recv", "_stats",
+    "_desc", "_create", "_destroy", "_dispatch", "_combine", "_recv", "_stats", "_describe", "_profile",
 };
 static const char *const derived_macros[] = {
     "_HIDDEN", "_TOPK", "_EXPERTS", "_WORLD", "_LOCAL_EXPERTS", "_MAX_TOKENS", "_CAPACITY", "_WEIGHTS",

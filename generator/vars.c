@@ -81,6 +81,17 @@ static const char *const region_names[SYMM_REGION_COUNT] = {
     [SYMM_REGION_Y] = "Y",
 };
 
+/* A formatted string, malloc'd. */
+static char *vformat_n(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *vformat_n(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = vformat(fmt, ap);
+    va_end(ap);
+    return s;
+}
+
 /* Append to a growing string. */
 typedef struct strbuf {
     char *s;
@@ -165,6 +176,94 @@ static void set_c_string(sg_vars *vars, const char *name, const char *text)
     free(b.s);
 }
 
+/* One field of the stub's typed receive struct (NAME_recv_t): its
+ * declaration and comment, and how NAME_recv fills it from the
+ * symm_recv_buffers member of the same name. */
+typedef struct recv_field {
+    const char *type;    /* "NAME_x_t *", with NAME filled in */
+    const char *member;  /* its name, as in symm_recv_buffers */
+    char *comment;
+} recv_field;
+
+/* The typed receive struct and its copy from symm_recv_buffers, with only
+ * the members this variant has: RECV_FIELDS for the header, RECV_COPY for
+ * NAME_recv. */
+static void set_recv_vars(sg_vars *vars, const sg_variant *v)
+{
+    const bool rank = v->layout == SYMM_LAYOUT_RANK, fp8 = v->dtype == SYMM_DTYPE_FP8_E4M3;
+    const int local = v->experts / v->world;
+    char x_type[SG_NAME_MAX + 16], y_type[SG_NAME_MAX + 16];
+    snprintf(x_type, sizeof x_type, "%s_x_t *", v->name);
+    snprintf(y_type, sizeof y_type, "%s_y_t *", v->name);
+    recv_field f[9];
+    int n = 0;
+    f[n++] = (recv_field){x_type, "x", vformat_n("[%lld, %d] %s: the received rows", (long long)v->capacity,
+                                                v->hidden, sg_dtype_name(v->dtype))};
+    if (fp8)
+        f[n++] = (recv_field){"const float *", "scales",
+                              vformat_n("[%lld, %d]: one scale per 128 elements", (long long)v->capacity,
+                                        v->hidden / SYMM_FP8_BLOCK)};
+    f[n++] = (recv_field){"const int32_t *", "src",
+                          vformat_n("[%lld][4]: {source rank, source token, %s, 0}", (long long)v->capacity,
+                                    rank ? "-1" : "k")};
+    if (rank)
+        f[n++] = (recv_field){"const int32_t *", "topk_idx",
+                              vformat_n("[%lld, %d]: local expert ids 0..%d, -1 on other ranks",
+                                        (long long)v->capacity, v->topk, local - 1)};
+    if (v->weights)
+        f[n++] = (recv_field){"const float *", "weights",
+                              rank ? vformat_n("[%lld, %d]: top-k weights, which combine does not apply",
+                                               (long long)v->capacity, v->topk)
+                                   : vformat_n("[%lld]: the weight of each row, which combine applies",
+                                               (long long)v->capacity)};
+    f[n++] = (recv_field){"const int32_t *", "expert_count",
+                          vformat_n("[%d]: rows per local expert", local)};
+    if (!rank)
+        f[n++] = (recv_field){"const int32_t *", "expert_offset",
+                              vformat_n("[%d]: first row of each local expert's segment", local)};
+    f[n++] = (recv_field){"const int32_t *", "rows", vformat_n("one int32: the rows received")};
+    if (v->combine_pull)
+        f[n++] = (recv_field){y_type, "y",
+                              vformat_n("[%lld, %d] %s: a place for combine's y",
+                                        (long long)v->capacity, v->hidden, sg_dtype_name(v->combine_dtype))};
+    strbuf fields = {0}, copy = {0};
+    for (int i = 0; i < n; i++) {
+        sb_add(&fields, "    %s%s; /* %s */\n", f[i].type, f[i].member, f[i].comment);
+        sb_add(&copy, "    out->%s = (%s)(uintptr_t)rb.%s;\n", f[i].member, f[i].type, f[i].member);
+        free(f[i].comment);
+    }
+    /* Both blocks end without a newline: the template line supplies it. */
+    fields.s[--fields.len] = '\0';
+    copy.s[--copy.len] = '\0';
+    sg_vars_set(vars, "RECV_FIELDS", "%s", fields.s);
+    sg_vars_set(vars, "RECV_COPY", "%s", copy.s);
+    free(fields.s);
+    free(copy.s);
+}
+
+/* The dispatch arguments this variant takes: x_scales only with fp8
+ * dispatch, topk_weights only with weights. */
+static void set_dispatch_vars(sg_vars *vars, const sg_variant *v)
+{
+    const bool fp8 = v->dtype == SYMM_DTYPE_FP8_E4M3;
+    sg_vars_set(vars, "X_SCALES_PARAM", "%s", fp8 ? " const float *x_scales," : "");
+    sg_vars_set(vars, "X_SCALES_ARG", "%s", fp8 ? "x_scales" : "NULL");
+    sg_vars_set(vars, "TOPK_WEIGHTS_PARAM", "%s", v->weights ? " const float *topk_weights," : "");
+    sg_vars_set(vars, "TOPK_WEIGHTS_ARG", "%s", v->weights ? "topk_weights" : "NULL");
+    strbuf doc = {0};
+    sb_add(&doc, " *   x             [tokens, %d] %s, 16-byte aligned\n", v->hidden, sg_dtype_name(v->dtype));
+    if (fp8)
+        sb_add(&doc, " *   x_scales      [tokens, %d] float, one scale per 128 elements\n",
+               v->hidden / SYMM_FP8_BLOCK);
+    sb_add(&doc, " *   topk_idx      [tokens, %d] int32: expert ids 0..%d, or -1 for none\n", v->topk,
+           v->experts - 1);
+    if (v->weights)
+        sb_add(&doc, " *   topk_weights  [tokens, %d] float\n", v->topk);
+    doc.s[--doc.len] = '\0';
+    sg_vars_set(vars, "DISPATCH_DOC", "%s", doc.s);
+    free(doc.s);
+}
+
 int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out)
 {
     sg_layout l;
@@ -212,9 +311,11 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
                 v->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK");
     sg_vars_set(out, "Y_WHERE", "%s",
                 v->combine_pull ? "inside this variant's symmetric buffer\n"
-                                  " * (combine = \"pull\": the peers read it there): symm_recv_buffers.y from\n"
-                                  " * _recv, or recv_x itself when the dtypes agree"
-                                : "any device memory (recv_x itself when the dtypes agree)");
+                                  " * (combine = \"pull\": the peers read it there): the y of _recv, or its x\n"
+                                  " * itself when the dtypes agree"
+                                : "any device memory (the x of _recv itself when the dtypes agree)");
+    set_recv_vars(out, v);
+    set_dispatch_vars(out, v);
     sg_vars_set(out, "SYMMETRIC_BYTES", "%llu", (unsigned long long)l.symmetric_bytes);
     sg_vars_set(out, "SCRATCH_BYTES", "%llu", (unsigned long long)l.scratch_bytes);
     set_region_vars(out, &l);

@@ -3,8 +3,8 @@
  * Errors: a failing function calls symm_fail(status, fmt, ...), which stores a
  * message for symm_last_error() and returns the status, so that
  *     return symm_fail(SYMM_ERR_INVALID_ARG, "symm_x: size %zu: expected > 0", n);
- * both reports and returns. SYMM_TRY propagates a failure unchanged (the
- * message set by the callee stays). */
+ * both reports and returns. SYMM_TRY (symm_status.h) propagates a failure
+ * unchanged (the message set by the callee stays). */
 #ifndef SYMM_INTERNAL_H
 #define SYMM_INTERNAL_H
 
@@ -24,13 +24,6 @@ symm_status symm_fail(symm_status status, const char *fmt, ...) SYMM_PRINTF(2, 3
 /* Prefix the current message with more context ("symm_alloc_create: " ...)
  * and return status unchanged. */
 symm_status symm_fail_context(symm_status status, const char *fmt, ...) SYMM_PRINTF(2, 3);
-
-#define SYMM_TRY(expr)                         \
-    do {                                       \
-        symm_status symm_try_st_ = (expr);     \
-        if (symm_try_st_ != SYMM_OK)           \
-            return symm_try_st_;               \
-    } while (0)
 
 #define SYMM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -622,15 +622,16 @@ symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_
     return st;
 }
 
-void symm_jit_result_free(symm_jit_result *res)
+symm_status symm_jit_result_free(symm_jit_result *res)
 {
     if (!res)
-        return;
+        return SYMM_OK;
     free(res->cubin);
     free(res->cache_path);
     free(res->warning);
     free(res->log);
     memset(res, 0, sizeof *res);
+    return SYMM_OK;
 }
 
 symm_status symm_jit_nvrtc_version(int *major, int *minor)

@@ -654,10 +654,10 @@ symm_status symm_manifest_open(const char *path, symm_manifest **out)
     return SYMM_OK;
 }
 
-void symm_manifest_close(symm_manifest *m)
+symm_status symm_manifest_close(symm_manifest *m)
 {
     if (!m)
-        return;
+        return SYMM_OK;
     for (size_t i = 0; i < m->count; i++) {
         free(m->entries[i].name);
         free(m->entries[i].cu_file);
@@ -669,6 +669,7 @@ void symm_manifest_close(symm_manifest *m)
     free(m->dir);
     free(m->path);
     free(m);
+    return SYMM_OK;
 }
 
 size_t symm_manifest_count(const symm_manifest *m) { return m ? m->count : 0; }
@@ -820,7 +821,7 @@ symm_status symm_manifest_variant(symm_manifest *m, const char *name, const symm
     return SYMM_OK;
 }
 
-static void close_manifest(void *m) { symm_manifest_close(m); }
+static void close_manifest(void *m) { (void)symm_manifest_close(m); }
 
 symm_status symm_variant_open(symm_world *world, const char *manifest_path, const char *name,
                               const symm_variant_options *opts, symm_variant **out)

@@ -233,10 +233,10 @@ symm_status symm_ref_recv_repoison(const symm_ref_config *cfg, symm_ref_recv *r)
     return SYMM_OK;
 }
 
-void symm_ref_recv_free(symm_ref_recv *r)
+symm_status symm_ref_recv_free(symm_ref_recv *r)
 {
     if (!r)
-        return;
+        return SYMM_OK;
     free(r->x);
     free(r->scales);
     free(r->src);
@@ -245,4 +245,5 @@ void symm_ref_recv_free(symm_ref_recv *r)
     free(r->expert_count);
     free(r->expert_offset);
     memset(r, 0, sizeof *r);
+    return SYMM_OK;
 }

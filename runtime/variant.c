@@ -84,6 +84,18 @@ static symm_status check_desc(const symm_variant_desc *d, int world_size)
     return symm_desc_check_source(d);
 }
 
+/* The kernels use Hopper's instructions (bulk copies through the TMA,
+ * mbarriers, griddepcontrol): on an older GPU NVRTC would fail with pages
+ * of errors, so create refuses it first, in words. */
+symm_status symm_variant_check_gpu(const char *name, int cc_major, int cc_minor)
+{
+    if (cc_major >= SYMM_MIN_CC_MAJOR)
+        return SYMM_OK;
+    return symm_fail(SYMM_ERR_UNSUPPORTED,
+                     "variant %s needs a Hopper (sm_90) or newer GPU, and this rank's GPU is sm_%d%d", name,
+                     cc_major, cc_minor);
+}
+
 static symm_status pick_backend(const symm_variant_options *opts, symm_backend *out)
 {
     symm_backend b = opts ? opts->backend : SYMM_BACKEND_DEFAULT;
@@ -288,6 +300,11 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
         st = symm_cuda(&cu);
     if (st == SYMM_OK)
         st = symm_device_open(world, &v->dev);
+    if (st == SYMM_OK)
+        st = symm_agree(world,
+                        symm_variant_check_gpu(desc->name, symm_device_cc_major(v->dev),
+                                               symm_device_cc_minor(v->dev)),
+                        "symm_variant_create: checking the GPU");
     if (st == SYMM_OK)
         st = symm_alloc_create(world, v->dev, desc->symmetric_bytes, 0, &v->alloc);
     /* The local steps may fail on one rank only: every rank learns of it

@@ -103,6 +103,15 @@ symm_status symm_variant_nccl_quiesce(symm_variant *v);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 
+/* The oldest GPUs the kernels run on: compute capability 9.0 (Hopper). */
+#define SYMM_MIN_CC_MAJOR 9
+
+/* variant.c: SYMM_OK on a GPU of compute capability major.minor the kernels
+ * run on; else SYMM_ERR_UNSUPPORTED in one sentence naming the variant, the
+ * GPU's architecture and the oldest one supported (create checks it before
+ * anything is allocated or compiled). */
+symm_status symm_variant_check_gpu(const char *name, int cc_major, int cc_minor);
+
 /* variant.c: where region id of v lives on this rank (its symmetric buffer
  * or its scratch), 0 for a region the variant does not have. */
 CUdeviceptr symm_variant_region_ptr(const symm_variant *v, symm_region id);

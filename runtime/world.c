@@ -94,17 +94,24 @@ static symm_status bind_listen(int fd, const char *path, listener *l, int *in_us
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     memcpy(a.sun_path, path, strlen(path) + 1);
     *in_use = 0;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (errno == EADDRINUSE) {
+    /* bind() creates the socket with 0777 less the umask, so the socket is
+     * made 0600 from its first moment by the umask around it: a chmod after
+     * bind would leave a window in which it is open to every user (the
+     * directory is 0700 anyway). The umask is the process's: a file another
+     * thread creates meanwhile gets at most 0600, never more. */
+    mode_t old_mask = umask(0177);
+    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+    int bind_errno = errno;
+    umask(old_mask);
+    if (rc != 0) {
+        if (bind_errno == EADDRINUSE) {
             *in_use = 1;
             return SYMM_OK;
         }
-        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: bind %s: %s", path, strerror(errno));
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: bind %s: %s", path, strerror(bind_errno));
     }
     struct stat st;
-    /* bind honours only the umask; the directory is 0700 anyway, but the
-     * socket itself is made 0600 as well. */
-    if (chmod(path, 0600) != 0 || lstat(path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
+    if (lstat(path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
         int err = errno;
         unlink(path);
         return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: listen on %s: %s", path, strerror(err));
@@ -577,16 +584,24 @@ symm_status symm_world_create_from_env(symm_world **out)
     return symm_world_create(&cfg, out);
 }
 
-void symm_world_destroy(symm_world *w)
+symm_status symm_world_destroy(symm_world *w)
 {
     if (!w)
-        return;
+        return SYMM_OK;
+    int failed_rank = -1, failed_errno = 0;
     if (w->conn)
         for (int r = 0; r < w->size; r++)
-            if (w->conn[r] >= 0)
-                close(w->conn[r]);
+            if (w->conn[r] >= 0 && close(w->conn[r]) != 0 && failed_rank < 0) {
+                failed_rank = r;
+                failed_errno = errno;
+            }
+    const int rank = w->rank;
     free(w->conn);
     free(w);
+    if (failed_rank >= 0)
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_destroy: rank %d: closing the connection to rank %d: %s "
+                         "(everything is freed)", rank, failed_rank, strerror(failed_errno));
+    return SYMM_OK;
 }
 
 int symm_world_rank(const symm_world *w) { return w ? w->rank : -1; }

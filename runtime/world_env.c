@@ -10,6 +10,8 @@
  *   SYMM_TIMEOUT        seconds any wait may take (default 60)
  *   SYMM_SOCKET_DIR     where the 0700 socket directory symm-<uid> is made
  *                       (default $XDG_RUNTIME_DIR, else /tmp)
+ * and of the launchers' variables, besides ranks and job ids, the ones that
+ * say how many hosts a job spans (env_one_host).
  *
  * Without SYMM_JOB_SECRET (torchrun, mpirun and srun set none), the secret is
  * derived from the job id and the uid, which any process of this user can
@@ -27,15 +29,21 @@
 #include "sha256.h"
 #include "world_internal.h"
 
+/* A launcher's variables. local_size: its ranks on this host; hosts: the
+ * hosts of the job (Slurm's step, else its allocation); NULL where the
+ * launcher has none. */
 typedef struct launcher {
     const char *name, *rank, *size, *local;
+    const char *local_size;
+    const char *hosts[2];
 } launcher;
 
 static const launcher launchers[] = {
-    {"symmrun", "SYMM_RANK", "SYMM_WORLD_SIZE", "SYMM_LOCAL_RANK"},
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    {"symmrun", "SYMM_RANK", "SYMM_WORLD_SIZE", "SYMM_LOCAL_RANK", NULL, {NULL, NULL}},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", {NULL, NULL}},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", {NULL, NULL}},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
 };
 
 /* The composed job id handed out by symm_world_config_from_env (Slurm's
@@ -98,18 +106,24 @@ static symm_status copy_job_id(const char *call, const char *var, const char *va
 
 /* The job id from the environment, in the order SYMM_JOB_ID, torchrun, Open
  * MPI (PMIx), Slurm. torchrun's default run id is "none" for every job, so its
- * MASTER_PORT (which no two live jobs on a host share) is added. */
+ * MASTER_PORT (which no two live jobs on a host share) is added. Without a
+ * run id (torch.multiprocessing.spawn, a launcher of one's own), the
+ * MASTER_ADDR:MASTER_PORT that torch.distributed's ranks meet at names the
+ * job: every rank has the same, and no two live jobs do. */
 static symm_status env_job_id(const char *call, char *buf, size_t n)
 {
-    const char *v;
+    const char *v, *port = getenv("MASTER_PORT"), *addr = getenv("MASTER_ADDR");
     char suffix[64] = "";
     if ((v = getenv("SYMM_JOB_ID")))
         return copy_job_id(call, "SYMM_JOB_ID", v, "", buf, n);
     if ((v = getenv("TORCHELASTIC_RUN_ID"))) {
-        const char *port = getenv("MASTER_PORT");
         if (port && *port)
             snprintf(suffix, sizeof suffix, ":%.32s", port);
         return copy_job_id(call, "TORCHELASTIC_RUN_ID", v, suffix, buf, n);
+    }
+    if (addr && *addr && port && *port) {
+        snprintf(suffix, sizeof suffix, ":%.32s", port);
+        return copy_job_id(call, "MASTER_ADDR", addr, suffix, buf, n);
     }
     if ((v = getenv("PMIX_NAMESPACE")))
         return copy_job_id(call, "PMIX_NAMESPACE", v, "", buf, n);
@@ -123,8 +137,8 @@ static symm_status env_job_id(const char *call, char *buf, size_t n)
     }
     return symm_fail(SYMM_ERR_INVALID_ARG,
                      "%s: no job id in the environment: expected SYMM_JOB_ID (set by symmrun), "
-                     "TORCHELASTIC_RUN_ID (torchrun), PMIX_NAMESPACE or OMPI_MCA_orte_ess_jobid "
-                     "(Open MPI) or SLURM_JOB_ID (Slurm)",
+                     "TORCHELASTIC_RUN_ID (torchrun), MASTER_ADDR and MASTER_PORT (torch.distributed), "
+                     "PMIX_NAMESPACE or OMPI_MCA_orte_ess_jobid (Open MPI) or SLURM_JOB_ID (Slurm)",
                      call);
 }
 
@@ -151,6 +165,41 @@ static symm_status env_rank_vars(const launcher *l, symm_world_config *c)
     c->rank = (int)rank;
     c->size = (int)size;
     c->local_rank = (int)local;
+    return SYMM_OK;
+}
+
+/* A world holds the ranks of one host: a job that spans several fails here,
+ * at once, instead of waiting SYMM_TIMEOUT at create for ranks that can
+ * never reach this host's socket. The one place that knows it (worlds across
+ * hosts replace this check). */
+static symm_status env_one_host(const launcher *l, long size)
+{
+    static const char call[] = "symm_world_config_from_env";
+    const char *v;
+    long n;
+    for (int i = 0; i < 2 && l->hosts[i]; i++) {
+        if (!(v = getenv(l->hosts[i])))
+            continue;
+        if (!parse_count(v, SYMM_WORLD_MAX_SIZE, &n) || n < 1)
+            return symm_fail(SYMM_ERR_INVALID_ARG, "%s: %s: got \"%.64s\", expected a number of hosts >= 1",
+                             call, l->hosts[i], v);
+        if (n > 1)
+            return symm_fail(SYMM_ERR_UNSUPPORTED,
+                             "%s: the job spans %ld hosts (%s is %ld), and a world holds the ranks of one "
+                             "host: run the job on one host",
+                             call, n, l->hosts[i], n);
+        return SYMM_OK;
+    }
+    if (!l->local_size || !(v = getenv(l->local_size)))
+        return SYMM_OK;
+    if (!parse_count(v, size, &n) || n < 1)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s: %s: got \"%.64s\", expected 1..%ld (%s is %ld)", call,
+                         l->local_size, v, size, l->size, size);
+    if (n < size)
+        return symm_fail(SYMM_ERR_UNSUPPORTED,
+                         "%s: the job spans %s%ld hosts (%s is %ld, %s %ld), and a world holds the ranks of "
+                         "one host: run the job on one host",
+                         call, size % n ? "at least " : "", (size + n - 1) / n, l->size, size, l->local_size, n);
     return SYMM_OK;
 }
 
@@ -195,6 +244,7 @@ symm_status symm_world_config_from_env(symm_world_config *cfg)
                          "and OMPI_COMM_WORLD_SIZE (Open MPI), or SLURM_PROCID and SLURM_NTASKS (Slurm)");
     symm_world_config c = {0};
     SYMM_TRY(env_rank_vars(l, &c));
+    SYMM_TRY(env_one_host(l, c.size));
     SYMM_TRY(env_options(&c));
     *cfg = c;
     return SYMM_OK;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-tune.sh: time several kernel tunings (SYMM_TUNE, README "Tuning")
+# bench-tune.sh: time several kernel tunings (SYMM_TUNE, docs/api.md "Tuning")
 # side by side on a GPU host with 2 GPUs: one moe_bench run per tuning
 # (native backend and copy-engine ceiling; no NCCL, which no knob changes),
 # each checked bit for bit against the CPU reference before it is timed, then

@@ -8,7 +8,7 @@
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
-#        each path, bench/NOTES.md 42)
+#        each path, bench/NOTES.md 42), example (examples/c at 2 ranks)
 #        (profile, inline, tune and dedup: on 2 GPUs;
 #        dedup times rows g with DEDUP on and off, with layout rank's
 #        push warps (bench/NOTES.md 37) and with its staging buffers
@@ -81,6 +81,9 @@ for s in "$@"; do
             step test_variant-n$n 180 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n $n --gpus "$gpus" -- "$build/tests-gpu/test_variant" --jobs 1
         done ;;
     selfcheck) step selfcheck 120 scripts/selfcheck.sh "$build" ;;
+    example) # examples/c (make gpu-build builds it), its libsymm from build/prefix
+        step example 120 env LD_LIBRARY_PATH="$PWD/$build/prefix/lib:$LD_LIBRARY_PATH" \
+            $run -n 2 --gpus "$gpus" -- "$build/examples/c/moe_example" ;;
     test-gpu) # make test-gpu MPS=1 on the default spec (make is not there)
         step test-gpu 560 env SYMM_TEST_MPS=1 SYMM_BUILD_DIR="$build" SPEC=specs/default.lua scripts/test-gpu.sh \
             "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \
@@ -116,7 +119,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy, probe)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

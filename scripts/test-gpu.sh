@@ -13,7 +13,8 @@
 #     that every shape, dtype and layout is checked at a size time-slicing
 #     can afford);
 #   - with the default spec, its world-2 variants again at both ends of the
-#     tuning knobs' ranges (SYMM_TUNE, README "Tuning").
+#     tuning knobs' ranges (SYMM_TUNE, docs/api.md "Tuning");
+#   - first, examples/c's moe_example at 2 ranks (BUILD/examples/c).
 # With SYMM_TEST_MPS=1 (make test-gpu MPS=1) the native checks of worlds
 # larger than the GPU count run with every rank a client of a CUDA MPS
 # daemon that this script starts (and stops) with directories of its own:
@@ -83,6 +84,19 @@ native_check() { # w label args...
         record $? "$label, ranks taking turns"
     fi
 }
+
+# examples/c, as a user runs it: 2 ranks, checked against the CPU reference.
+# It finds libsymm through its rpath (BUILD/prefix, where make installs it for
+# the example), or, on a machine the build was copied to, LD_LIBRARY_PATH.
+example=$build/examples/c/moe_example
+if [ -x "$example" ]; then
+    note "examples/c: moe_example with 2 ranks on $ngpu GPU(s)"
+    LD_LIBRARY_PATH="$(cd "$build" && pwd)/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        $run -n 2 --gpus "$gpus" -- "$example"
+    record $? "examples/c moe_example -n 2"
+else
+    record 1 "examples/c: $example is not built (make test-gpu, or make gpu-build, builds it)"
+fi
 
 # The Criterion tests (test_variant) open their variants from this manifest.
 if [ -z "${SYMM_TEST_MANIFEST:-}" ]; then
@@ -156,7 +170,7 @@ for spec in $specs; do
         fi
     done
 done
-# The tuning knobs (README "Tuning") at the ends of their ranges: the same
+# The tuning knobs (docs/api.md "Tuning") at the ends of their ranges: the same
 # results, bit for bit, on the default spec at world 2 (quick matrix).
 if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
     out=$build/gpu-out/default

@@ -34,11 +34,13 @@
 --                            rank, ordered by source rank then token;
 --                   "expert" one copy per (token, chosen expert), packed
 --                            expert by expert: the input of a grouped GEMM.
---   weights       whether dispatch carries the top-k weights (default true).
---                 Layout "expert": combine applies them (w * y). Layout
---                 "rank": every received row carries its token's weights for
---                 its local experts, the experts apply them, and combine
---                 sums the rows as they come back.
+--   weights       whether dispatch carries the top-k weights (default
+--                 true). Which side applies them depends on the layout:
+--                 with "expert", combine multiplies each row by its weight;
+--                 with "rank", combine only sums the rows the ranks send
+--                 back (as DeepEP's normal mode does), so the expert
+--                 computation applies the weights, which arrive with each
+--                 received row.
 --   capacity      rows each rank can receive. Default: the worst case, so
 --                 nothing can ever overflow (see the trade-off below).
 --   align         layout "expert" only: each expert's segment starts at a
@@ -71,7 +73,7 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:87: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:89: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --
@@ -158,7 +160,7 @@ layout {
 -- stores each row once instead of twice, which matters most with few SMs
 -- (bench/NOTES.md 46). The price is where y lives: in the variant's
 -- symmetric buffer, where the peers can read it. Write the expert output to
--- symm_recv_buffers.y (or over recv_x itself when dtype and combine_dtype
+-- the y that NAME_recv gives (or over its x when dtype and combine_dtype
 -- agree) and pass that pointer to combine; any other pointer is refused.
 layout {
   name = "pulled",

@@ -127,8 +127,8 @@ symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res);
 symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_jit_result *res);
 
 /* Free what a compile put in *res and zero it; NULL and a zeroed result are
- * fine. */
-void symm_jit_result_free(symm_jit_result *res);
+ * fine. Always SYMM_OK. */
+symm_status symm_jit_result_free(symm_jit_result *res);
 
 /* The version of the NVRTC that compiles (the one in the cache key).
  * SYMM_ERR_NVRTC when NVRTC is not available. */

@@ -47,7 +47,7 @@ typedef struct symm_manifest symm_manifest;
 symm_status symm_manifest_open(const char *path, symm_manifest **out);
 
 /* Free the manifest and every descriptor it handed out. NULL is ignored. */
-void symm_manifest_close(symm_manifest *m);
+symm_status symm_manifest_close(symm_manifest *m);
 
 /* Number of variants, and the name of the i-th (in the manifest's order;
  * NULL when i is out of range). */

@@ -1,9 +1,10 @@
 /* symm_ref.h: the CPU reference model of dispatch and combine.
  *
  * Plain C on host memory, no GPU and no CUDA toolkit needed. It implements the
- * contract of DESIGN.md "Semantics" for a whole world at once (every rank's
- * input in, every rank's result out), and every GPU backend is checked against
- * it bit for bit: same rows in the same order, same counts, same rounding.
+ * contract of docs/api.md "Dispatch, the experts, combine" for a whole world
+ * at once (every rank's input in, every rank's result out), and every GPU
+ * backend is checked against it bit for bit: same rows in the same order,
+ * same counts, same rounding.
  *
  * Terms: W = world, E = experts, L = E/W local experts per rank, K = topk,
  * H = hidden. Expert e lives on rank e / L.
@@ -135,8 +136,9 @@ symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r);
 symm_status symm_ref_recv_repoison(const symm_ref_config *cfg, symm_ref_recv *r);
 
 /* Free what symm_ref_recv_alloc allocated and zero r. NULL or a zeroed r is
- * fine. Never call it on a recv whose arrays the caller owns. */
-void symm_ref_recv_free(symm_ref_recv *r);
+ * fine. Never call it on a recv whose arrays the caller owns. Always
+ * SYMM_OK. */
+symm_status symm_ref_recv_free(symm_ref_recv *r);
 
 /* Whole-world dispatch: in[world] -> recv[world], and stats[world] unless
  * stats is NULL. Each recv[p] must have capacity symm_ref_capacity(cfg) and

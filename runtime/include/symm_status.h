@@ -1,10 +1,24 @@
-/* symm_status.h: the one result type of libsymm and the message that goes
- * with it.
+/* symm_status.h: the one result type of libsymm, the message that goes
+ * with it, and the rules every public header follows.
  *
- * Every public function of libsymm returns a symm_status. When it is not
- * SYMM_OK, symm_last_error() returns a message for the calling thread that
- * says which call failed, which value was wrong and what was expected. No
- * libsymm function prints, exits or aborts. */
+ * Results. Every public function that can fail returns a symm_status. When
+ * it is not SYMM_OK, symm_last_error() returns a message for the calling
+ * thread that says which call failed, which value was wrong and what was
+ * expected. A function that cannot fail returns its value instead: the
+ * accessors of a handle (symm_world_rank, symm_variant_describe, ...), the
+ * dtype conversions of symm_ref.h and the three functions of this header. No
+ * libsymm function prints, exits or aborts.
+ *
+ * Names. open = from a file or a manifest (or, for symm_device_open, the
+ * rank's GPU), create = from a description; what an _open makes is released
+ * by its _close, what a _create makes by its _destroy. symm_variant_open is
+ * symm_variant_create of a manifest's variant: its variant is released by
+ * symm_variant_destroy like any other. What a call filled into a struct of
+ * the caller's (symm_jit_result, symm_ref_recv) is released by _free.
+ * Every _destroy, _close and _free returns a symm_status, takes NULL (and returns
+ * SYMM_OK), and releases everything even when it fails, except
+ * symm_device_close, which refuses (SYMM_ERR_STATE) while allocations on its
+ * device are live. tests/cpu/test_api.c checks the headers against this. */
 #ifndef SYMM_STATUS_H
 #define SYMM_STATUS_H
 
@@ -39,6 +53,15 @@ const char *symm_status_name(symm_status status);
 
 /* Clear this thread's message. */
 void symm_clear_error(void);
+
+/* In a function that returns symm_status: return the status of expr unless
+ * it is SYMM_OK (the message its callee set stays). */
+#define SYMM_TRY(expr)                         \
+    do {                                       \
+        symm_status symm_try_st_ = (expr);     \
+        if (symm_try_st_ != SYMM_OK)           \
+            return symm_try_st_;               \
+    } while (0)
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,7 @@
  *
  * On a stream the application made (not the legacy or per-thread default
  * stream), the native dispatch and combine launch as programmatic dependents
- * of the kernel before them (tuning knob PDL, on by default; README
+ * of the kernel before them (tuning knob PDL, on by default; docs/api.md
  * "Tuning"): their blocks may be scheduled while that kernel ends and wait
  * for it to complete before they touch memory, so nothing changes for the
  * kernels before them. Dispatch also lets the kernel after it start early,
@@ -93,13 +93,15 @@ typedef struct symm_variant_options {
     const char *cache_dir;    /* JIT cache; NULL: the default (SYMM_CACHE_DIR, ...) */
     double timeout_s;         /* device waits (NCCL backend: its host waits); 0: the
                                  world's timeout */
-    const char *tune;         /* kernel tuning, "NAME=value,..." (README, "Tuning");
+    const char *tune;         /* kernel tuning, "NAME=value,..." (docs/api.md, "Tuning");
                                  NULL: SYMM_TUNE from the environment, else none */
 } symm_variant_options;
 
 typedef struct symm_variant symm_variant;
 
-/* Collective. Checks desc against the world (same world size), allocates the
+/* Collective. Checks desc against the world (same world size) and the GPU
+ * (Hopper, sm_90, or newer: SYMM_ERR_UNSUPPORTED "variant NAME needs a Hopper
+ * (sm_90) or newer GPU, and this rank's GPU is sm_80" otherwise), allocates the
  * symmetric buffer and the scratch, JIT-compiles the source (through the disk
  * cache), loads it, checks that every block of a launch can be resident.
  * All or nothing: on failure everything is released. opts may be NULL. */

@@ -56,8 +56,13 @@ typedef struct symm_world_config {
  * SLURM_LOCALID (the first launcher whose rank variable is set; without its
  * local rank variable, local_rank = rank). The job id comes from SYMM_JOB_ID,
  * TORCHELASTIC_RUN_ID (":MASTER_PORT" appended, since torchrun's default run
- * id is "none" for every job), PMIX_NAMESPACE / OMPI_MCA_orte_ess_jobid, or
- * SLURM_JOB_ID(.SLURM_STEP_ID). Also read: SYMM_JOB_SECRET (secret, else
+ * id is "none" for every job), MASTER_ADDR:MASTER_PORT (torch.distributed
+ * without torchrun, e.g. torch.multiprocessing.spawn), PMIX_NAMESPACE /
+ * OMPI_MCA_orte_ess_jobid, or SLURM_JOB_ID(.SLURM_STEP_ID). A world holds
+ * the ranks of one host: a job that spans several (LOCAL_WORLD_SIZE or
+ * OMPI_COMM_WORLD_LOCAL_SIZE below the world size, or SLURM_STEP_NUM_NODES,
+ * else SLURM_NNODES, above 1) is SYMM_ERR_UNSUPPORTED "... the job spans N
+ * hosts ...", at once. Also read: SYMM_JOB_SECRET (secret, else
  * NULL), SYMM_DEVICE (device, else -1), SYMM_TIMEOUT (timeout_s, a positive
  * number of seconds, else 60) and SYMM_SOCKET_DIR (socket_dir, else NULL).
  * The strings in cfg point into the environment or into storage of this
@@ -77,8 +82,10 @@ symm_status symm_world_create(const symm_world_config *cfg, symm_world **out);
 /* symm_world_config_from_env then symm_world_create. */
 symm_status symm_world_create_from_env(symm_world **out);
 
-/* Leave the world and free it (not collective; peers see a disconnect). */
-void symm_world_destroy(symm_world *world);
+/* Leave the world and free it (not collective; peers see a disconnect).
+ * Everything is freed either way; SYMM_ERR_SYSTEM when closing a connection
+ * failed. NULL: SYMM_OK. */
+symm_status symm_world_destroy(symm_world *world);
 
 int symm_world_rank(const symm_world *world);
 int symm_world_size(const symm_world *world);

@@ -230,7 +230,7 @@ Test(expand, line_directives_make_nvrtc_name_the_template_line)
 
         double ms;
         char *log = NULL;
-        cr_assert_eq(sg_nvrtc_compile("fixture.cu", out.data, out.len, "sm_90a", &ms, &log), -1,
+        cr_assert_eq(sg_nvrtc_compile("fixture.cu", out.data, out.len, "sm_90a", 0, &ms, &log), -1,
                      "the broken fixture compiled:\n%s", out.data);
         char want[64];
         FMT(want, "templates/fixture.cu.in(%d): error", line);
@@ -1102,4 +1102,31 @@ Test(compile, arch_names_are_validated)
         cr_assert(sg_arch_valid(good[i]), "%s rejected", good[i]);
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         cr_assert(!sg_arch_valid(bad[i]), "%s accepted", bad[i] ? bad[i] : "NULL");
+}
+
+/* --compile builds each program the runtime builds: the source with
+ * -DSYMM_PART=1, 2 and 3 (runtime/jit.c); a part that breaks only under its
+ * own define is found, and its log names it. Part 0 is the whole source. */
+Test(emit, nvrtc_compile_defines_the_part_as_the_runtime_does)
+{
+    const int broken = rnd_in(1, 3);
+    char source[512];
+    FMT(source,
+        "#ifndef SYMM_PART\n#define SYMM_PART 0\n#endif\n"
+        "#if SYMM_PART == %d\n__global__ void broken() { int x = ; }\n#endif\n"
+        "extern \"C\" __global__ void fine(int *p) { *p = SYMM_PART; }\n",
+        broken);
+    for (int part = 0; part <= 3; part++) {
+        double ms;
+        char *log = NULL;
+        int rc = sg_nvrtc_compile("parts.cu", source, strlen(source), "sm_90a", part, &ms, &log);
+        if (part != broken) {
+            cr_assert_eq(rc, 0, "part %d: %s", part, log ? log : "");
+        } else {
+            char want[64];
+            FMT(want, "parts.cu, %s: NVRTC (sm_90a) failed", sg_part_name(part));
+            cr_assert(rc == -1 && log && strstr(log, want), "part %d: rc %d, log %s", part, rc, log ? log : "(none)");
+        }
+        free(log);
+    }
 }

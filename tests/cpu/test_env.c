@@ -330,3 +330,146 @@ Test(env, create_from_env_joins_two_ranks)
     wf_free(r, 2);
     wf_rmtree(dir);
 }
+
+/* torch.distributed without torchrun (torch.multiprocessing.spawn, a
+ * launcher of one's own) sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+ * but no run id: the address and port name the job. */
+Test(env, master_addr_and_port_name_a_job_without_run_id)
+{
+    int r, s, l;
+    set_ranks("RANK", "WORLD_SIZE", "LOCAL_RANK", &r, &s, &l);
+    const long port = 20000 + rnd(10000);
+    char addr[32], job[64];
+    snprintf(addr, sizeof addr, "10.%u.%u.%u", rnd(256), rnd(256), rnd(256));
+    snprintf(job, sizeof job, "%s:%ld", addr, port);
+    setenv("MASTER_ADDR", addr, 1);
+    from_env_fails("no job id in the environment", "MASTER_ADDR and MASTER_PORT");
+    set_int("MASTER_PORT", port);
+    symm_world_config c = from_env_ok();
+    check(&c, r, s, l, job);
+    cr_assert_null(c.secret, "no secret: it is derived at create");
+    setenv("TORCHELASTIC_RUN_ID", "run7", 1);
+    snprintf(job, sizeof job, "run7:%ld", port);
+    c = from_env_ok();
+    check(&c, r, s, l, job);
+}
+
+static void from_env_unsupported(const char *needle1, const char *needle2)
+{
+    symm_world_config cfg = {0};
+    symm_status st = symm_world_config_from_env(&cfg);
+    cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "expected SYMM_ERR_UNSUPPORTED, got %s: %s", symm_status_name(st),
+                 symm_last_error());
+    const char *m = symm_last_error();
+    cr_assert(strstr(m, needle1), "message \"%s\" lacks \"%s\"", m, needle1);
+    if (needle2)
+        cr_assert(strstr(m, needle2), "message \"%s\" lacks \"%s\"", m, needle2);
+}
+
+/* A job whose launcher says it has fewer ranks on this host than in all
+ * fails at once, naming the hosts, instead of waiting SYMM_TIMEOUT. */
+Test(env, a_job_on_several_hosts_fails_at_once_naming_them)
+{
+    static const char *vars[][4] = {
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    };
+    for (int k = 0; k < 2; k++) {
+        clearenv();
+        setenv("SYMM_JOB_ID", "j", 1);
+        const long local = 2 + rnd(7), hosts = 2 + rnd(3), size = local * hosts;
+        set_int(vars[k][0], rnd((uint32_t)size));
+        set_int(vars[k][1], size);
+        set_int(vars[k][2], rnd((uint32_t)local));
+        set_int(vars[k][3], local);
+        char want[160];
+        snprintf(want, sizeof want, "the job spans %ld hosts (%s is %ld, %s %ld)", hosts, vars[k][1], size,
+                 vars[k][3], local);
+        from_env_unsupported(want, "a world holds the ranks of one host");
+        /* Uneven: only a lower bound is known. */
+        set_int(vars[k][1], size + 1);
+        snprintf(want, sizeof want, "the job spans at least %ld hosts", hosts + 1);
+        from_env_unsupported(want, NULL);
+        /* Every rank on this host. */
+        set_int(vars[k][3], size + 1);
+        from_env_ok();
+        set_int(vars[k][3], size + 2);
+        from_env_fails(vars[k][3], "expected 1..");
+        setenv(vars[k][3], "0", 1);
+        from_env_fails(vars[k][3], "expected 1..");
+    }
+}
+
+Test(env, a_slurm_step_on_several_nodes_fails_at_once_naming_them)
+{
+    int r, s, l;
+    set_ranks("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", &r, &s, &l);
+    setenv("SLURM_JOB_ID", "77", 1);
+    const long nodes = 2 + rnd(30);
+    set_int("SLURM_NNODES", nodes);
+    char want[128];
+    snprintf(want, sizeof want, "the job spans %ld hosts (SLURM_NNODES is %ld)", nodes, nodes);
+    from_env_unsupported(want, NULL);
+    /* A step on one node of a larger allocation. */
+    setenv("SLURM_STEP_NUM_NODES", "1", 1);
+    from_env_ok();
+    set_int("SLURM_STEP_NUM_NODES", nodes);
+    snprintf(want, sizeof want, "the job spans %ld hosts (SLURM_STEP_NUM_NODES is %ld)", nodes, nodes);
+    from_env_unsupported(want, NULL);
+    setenv("SLURM_STEP_NUM_NODES", "two", 1);
+    from_env_fails("SLURM_STEP_NUM_NODES: got \"two\"", "expected a number of hosts");
+}
+
+/* It fails before create waits for anyone: well within SYMM_TIMEOUT. */
+Test(env, create_from_env_of_a_job_on_two_hosts_fails_without_waiting)
+{
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    setenv("SYMM_TIMEOUT", "30", 1);
+    symm_world *w = NULL;
+    double t0 = wf_now();
+    symm_status st = symm_world_create_from_env(&w);
+    cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "%s: %s", symm_status_name(st), symm_last_error());
+    cr_assert(strstr(symm_last_error(), "spans 2 hosts"), "%s", symm_last_error());
+    cr_assert(wf_now() - t0 < 5, "took %.1f s", wf_now() - t0);
+    cr_assert_null(w);
+}
+
+/* Two ranks as torch.multiprocessing.spawn starts them (RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT, nothing else) form a world. */
+static int rank_from_torch_env(int i, void *arg, wf_result *res, wf_result *all)
+{
+    (void)all;
+    const char *dir = arg;
+    set_int("RANK", i);
+    setenv("SYMM_TIMEOUT", "3", 1);
+    setenv("SYMM_SOCKET_DIR", dir, 1);
+    symm_world *w;
+    symm_status st = symm_world_create_from_env(&w);
+    if (st)
+        return wf_failf(res, "create_from_env: %s", symm_last_error());
+    int mine = 1000 + i, got[2] = {0, 0};
+    st = symm_world_allgather(w, &mine, got, sizeof mine);
+    int code = st ? wf_failf(res, "allgather: %s", symm_last_error())
+               : got[0] != 1000 || got[1] != 1001 ? wf_failf(res, "allgather gave %d %d", got[0], got[1])
+                                                  : 0;
+    symm_world_destroy(w);
+    return code;
+}
+
+Test(env, create_from_env_joins_two_spawned_torch_ranks)
+{
+    char dir[128];
+    wf_tempdir(dir, sizeof dir);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    set_int("MASTER_PORT", 20000 + rnd(40000));
+    wf_result *r = wf_run(2, rank_from_torch_env, dir, 10);
+    for (int i = 0; i < 2; i++)
+        cr_assert(r[i].done && r[i].code == 0, "rank %d: %s", i, r[i].msg);
+    wf_free(r, 2);
+    wf_rmtree(dir);
+}

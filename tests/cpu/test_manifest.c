@@ -1631,3 +1631,23 @@ Test(manifest, combine_pull_must_match_the_sources_constant)
     }
     symm_manifest_close(m);
 }
+
+/* Create refuses a GPU older than Hopper in one sentence, before NVRTC
+ * would fail on the kernels' instructions (the check create makes on each
+ * rank's GPU after opening it). */
+Test(manifest, variant_create_refuses_a_gpu_older_than_hopper_in_one_sentence)
+{
+    static const int older[][2] = {{7, 0}, {7, 5}, {8, 0}, {8, 6}, {8, 9}};
+    for (size_t i = 0; i < sizeof older / sizeof older[0]; i++) {
+        symm_status st = symm_variant_check_gpu("dsv3", older[i][0], older[i][1]);
+        char want[128];
+        snprintf(want, sizeof want, "variant dsv3 needs a Hopper (sm_90) or newer GPU, and this rank's GPU is sm_%d%d",
+                 older[i][0], older[i][1]);
+        cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "sm_%d%d: %s", older[i][0], older[i][1], symm_status_name(st));
+        cr_assert_str_eq(symm_last_error(), want);
+    }
+    static const int newer[][2] = {{9, 0}, {10, 0}, {10, 3}, {12, 0}};
+    for (size_t i = 0; i < sizeof newer / sizeof newer[0]; i++)
+        cr_assert_eq(symm_variant_check_gpu("dsv3", newer[i][0], newer[i][1]), SYMM_OK, "sm_%d%d: %s",
+                     newer[i][0], newer[i][1], symm_last_error());
+}

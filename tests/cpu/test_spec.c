@@ -1146,6 +1146,7 @@ static void expect_too_long(const char *code, int max_s)
  * memcmp of 64 MiB in one instruction) stops at the deadline. */
 Test(spec, uncharged_c_work_stops_at_the_deadline, .init = deadline_tests)
 {
+    wf_watchdog(240);
     expect_too_long("local a = (\"x\"):rep(1 << 26)\nlocal b = a:sub(1, -2) .. \"y\"\n"
                     "for i = 1, 1e9 do local same = a == b end\n",
                     40);
@@ -1857,7 +1858,9 @@ Test(spec, names_the_generated_headers_declare_are_refused)
  * P_LOCAL_EXPERTS: a file including both headers would not compile. */
 Test(spec, names_another_variants_header_declares_are_refused)
 {
-    static const char *const functions[] = { "desc", "create", "destroy", "dispatch", "combine", "recv", "stats" };
+    static const char *const functions[] = { "desc", "create", "destroy", "dispatch", "combine", "recv", "stats",
+                                             "describe", "profile" };
+    const unsigned n_functions = sizeof functions / sizeof functions[0];
     /* LOCAL_EXPERTS stands for itself below (base_local's EXPERTS too). */
     static const char *const macros[] = { "HIDDEN", "TOPK", "EXPERTS", "WORLD", "MAX_TOKENS", "CAPACITY",
                                           "WEIGHTS" };
@@ -1867,7 +1870,7 @@ Test(spec, names_another_variants_header_declares_are_refused)
     for (char *p = upper; *p; p++)
         *p = (char)toupper((unsigned char)*p);
     clash[0] = random_shape();
-    unsigned f = rnd(0, 6);
+    unsigned f = rnd(0, n_functions - 1);
     SET_NAME(clash[0].name, "%s_%s", base.name, functions[f]);
     snprintf(want[0], sizeof want[0], "%s", clash[0].name);
     clash[1] = random_shape();
@@ -1878,8 +1881,8 @@ Test(spec, names_another_variants_header_declares_are_refused)
     snprintf(want[2], sizeof want[2], "%s_LOCAL_EXPERTS, as this one would", upper);
     /* Near misses that declare nothing of base's: accepted. */
     shape fine[2] = { random_shape(), random_shape() };
-    SET_NAME(fine[0].name, "%s_%s", upper, functions[(f + rnd(1, 6)) % 7]); /* not clash[0] in capitals */
-    SET_NAME(fine[1].name, "%s_%s_x", base.name, functions[rnd(0, 6)]);
+    SET_NAME(fine[0].name, "%s_%s", upper, functions[(f + rnd(1, n_functions - 1)) % n_functions]); /* not clash[0] in capitals */
+    SET_NAME(fine[1].name, "%s_%s_x", base.name, functions[rnd(0, n_functions - 1)]);
     const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s }\nlayout { %s }\nlayout { %s }\n"
                                   "layout { %s }\nlayout { %s }\n", padding(), fields(&clash[0]), fields(&fine[0]),
                                   fields(&clash[1]), fields(&base), fields(&clash[2]), fields(&fine[1]));

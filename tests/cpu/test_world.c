@@ -3,6 +3,8 @@
  * or unwelcome, each bounded by a short timeout. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
@@ -737,8 +739,28 @@ Test(world, socket_dir_with_wrong_mode_owner_or_type_is_refused)
     wf_rmtree(t.dir);
 }
 
+/* bind() as libsymm calls it (this definition takes the place of libc's in
+ * this program), noting the mode the rendezvous socket has the moment bind
+ * creates it: an observer polling the file could miss a short window between
+ * bind and a later chmod, this cannot. */
+static volatile int socket_mode_at_bind = -1;
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    static int (*real_bind)(int, const struct sockaddr *, socklen_t);
+    if (!real_bind)
+        real_bind = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
+    int rc = real_bind(fd, addr, len);
+    const struct sockaddr_un *un = (const struct sockaddr_un *)addr;
+    struct stat st;
+    if (rc == 0 && addr->sa_family == AF_UNIX && strstr(un->sun_path, "/symm-") && lstat(un->sun_path, &st) == 0)
+        socket_mode_at_bind = (int)(st.st_mode & 07777);
+    return rc;
+}
+
 /* Rank 0 runs with umask 0, rank 1 comes late, an observer looks at the
- * directory and the socket meanwhile, and after the world formed. */
+ * directory and the socket meanwhile, and after the world formed. Rank 0
+ * also checks the mode its socket had when bind created it. */
 static int rank_or_observer(int i, void *arg, wf_result *res, wf_result *all)
 {
     world_test *t = arg;
@@ -772,7 +794,12 @@ static int rank_or_observer(int i, void *arg, wf_result *res, wf_result *all)
     res->flag = 1;
     symm_status st = symm_world_barrier(w);
     symm_world_destroy(w);
-    return st ? failed_call(res, "symm_world_barrier", st) : 0;
+    if (st)
+        return failed_call(res, "symm_world_barrier", st);
+    if (i == 0 && socket_mode_at_bind != 0600)
+        return wf_failf(res, "bind created the socket with mode %04o under umask 0, expected 0600 from the start",
+                        (unsigned)socket_mode_at_bind);
+    return 0;
 }
 
 Test(world, socket_is_0600_in_a_0700_dir_even_with_umask_0)
@@ -918,6 +945,55 @@ Test(world, no_descriptor_leaks_across_create_destroy_cycles)
     wf_result *r = wf_run(3, rank_cycles, &t, 20);
     expect_success(r, 3);
     wf_free(r, 3);
+    wf_rmtree(t.dir);
+}
+
+/* Destroy says what it could not do and frees everything anyway: rank 1's
+ * connection to rank 0 is closed behind the world's back (the descriptors
+ * create opened, found by comparing /proc/self/fd before and after), so
+ * closing it again fails; rank 0's destroy is clean. */
+static int rank_destroy_status(int i, void *arg, wf_result *res, wf_result *all)
+{
+    (void)all;
+    world_test *t = arg;
+    unsigned char before[1024] = {0};
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (atoi(e->d_name) > 2 && atoi(e->d_name) < 1024 && atoi(e->d_name) != dirfd(d))
+            before[atoi(e->d_name)] = 1;
+    if (d)
+        closedir(d);
+    symm_world *w;
+    if (join(t, i, res, &w))
+        return 1;
+    symm_status st = symm_world_barrier(w);
+    if (st)
+        return failed_call(res, "symm_world_barrier", st);
+    int closed = 0;
+    for (int fd = 3; i == 1 && fd < 1024; fd++) {
+        struct stat sb;
+        if (!before[fd] && fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode))
+            closed += close(fd) == 0;
+    }
+    if (i == 1 && closed != 1)
+        return wf_failf(res, "rank 1 found %d new sockets, expected its connection to rank 0", closed);
+    st = symm_world_destroy(w);
+    if (i == 0)
+        return st ? failed_call(res, "symm_world_destroy", st) : 0;
+    if (st != SYMM_ERR_SYSTEM || !strstr(symm_last_error(), "rank 1: closing the connection to rank 0"))
+        return wf_failf(res, "destroy after its connection was closed: %s: %s", symm_status_name(st),
+                        symm_last_error());
+    return 0;
+}
+
+Test(world, destroy_returns_a_status_and_takes_null)
+{
+    cr_assert_eq(symm_world_destroy(NULL), SYMM_OK);
+    world_test t;
+    setup(&t, 2, 5);
+    wf_result *r = wf_run(2, rank_destroy_status, &t, 10);
+    expect_success(r, 2);
+    wf_free(r, 2);
     wf_rmtree(t.dir);
 }
 
