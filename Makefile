@@ -3,7 +3,8 @@
 #   make            build build/bin/symmgen, build/bin/symmrun, build/lib/libsymm.{a,so}
 #   make run        generate specs/default.lua and NVRTC-compile every variant
 #                   (plus a GPU self-check where GPUs are present)
-#   make test       CPU tests (Criterion); SAN=1 builds them with ASan+UBSan
+#   make test       CPU tests (Criterion, then the Python package's under pytest);
+#                   SAN=1 builds the Criterion tests with ASan+UBSan
 #   make test-gpu   GPU tests through symmrun (prints "skipped: no GPU" without one);
 #                   MPS=1: ranks sharing a GPU run at once under CUDA MPS
 #   make bench      benchmarks (GPU host)
@@ -169,6 +170,9 @@ run: deps
 test: test-deps
 	@$(MAKE) --no-print-directory all $(CPU_TESTS)
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/run-tests.sh $(CPU_TESTS)
+ifneq ($(SAN),1)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/test-python.sh
+endif
 
 test-gpu:
 	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK)
