@@ -5,7 +5,8 @@
 #                   (plus a GPU self-check where GPUs are present)
 #   make test       CPU tests (Criterion, then the Python package's under pytest);
 #                   SAN=1 builds the Criterion tests with ASan+UBSan
-#   make test-gpu   GPU tests through symmrun (prints "skipped: no GPU" without one);
+#   make test-gpu   GPU tests through symmrun, then the PyTorch package's under torchrun
+#                   where python3 has torch (each prints "skipped: no GPU" without one);
 #                   MPS=1: ranks sharing a GPU run at once under CUDA MPS
 #   make bench      benchmarks (GPU host)
 #   make install PREFIX=/usr/local
@@ -177,6 +178,7 @@ endif
 test-gpu:
 	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK)
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(GPU_SPEC) SYMM_TEST_MPS=$(MPS) scripts/test-gpu.sh $(GPU_TESTS)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_TEST_MPS=$(MPS) scripts/test-python-gpu.sh
 
 bench:
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)

@@ -1,12 +1,16 @@
-"""Fixtures of the CPU tests (no torch, no GPU): the default spec
-generated once into a private cache."""
+"""Fixtures of the CPU tests (no torch, no GPU): the checkout's package
+first on the path (test_install.py checks an installed one), and the
+default spec generated once into a private cache."""
 import os
+import sys
 
 import pytest
 
-from symmgen import manifest, spec
+from support import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from symmgen import manifest, spec  # noqa: E402
 
 
 @pytest.fixture(scope="session")

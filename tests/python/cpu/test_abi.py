@@ -10,7 +10,7 @@ import pytest
 
 from symmgen import _lib
 
-from conftest import ROOT
+from support import ROOT
 
 CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 CC = os.environ.get("CC", "cc")

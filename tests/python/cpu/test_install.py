@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 
 def have(module):

@@ -7,7 +7,7 @@ import pytest
 
 from symmgen import manifest, spec
 
-from conftest import ROOT
+from support import ROOT
 
 SMALL = {"name": "small", "hidden": 1024, "topk": 2, "experts": 8, "world": 2, "max_tokens": 64, "dtype": "bf16"}
 

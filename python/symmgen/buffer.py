@@ -1,0 +1,593 @@
+"""buffer.py: Buffer, the object a PyTorch program holds: one generated
+variant created on the ranks of a process group, with dispatch and
+combine taking and returning torch tensors.
+
+    buf = symmgen.Buffer(group, {"hidden": 4096, "topk": 8, "experts": 64,
+                                 "max_tokens": 256, "dtype": "bf16", "layout": "expert"})
+    r = buf.dispatch(x, topk_idx, topk_weights)       # r.recv_x, r.num_recv_tokens_per_expert, ...
+    y = experts(r.recv_x, r.num_recv_tokens_per_expert, r.recv_expert_offset)
+    out = buf.combine(y)
+
+Calls run on torch's current stream and never wait on the host (except
+the methods that say they synchronise). Under torch.compile they become
+the custom ops of ops.py; with autograd recording they go through the owned
+(functional) ops, whose backward formulas run the variant again."""
+
+import ctypes
+import os
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _lib, checks, manifest, ops, torch_ref
+from . import spec as spec_mod
+from ._dlpack import device_bytes
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "fp8_e4m3": torch.float8_e4m3fn, "int32": torch.int32, "int64": torch.int64}
+
+
+class DispatchResult(NamedTuple):
+    """What dispatch returns (capacity = the variant's receive rows; rows at
+    and past num_recv_rows, and layout expert's padding rows, hold stale
+    data in the zero-copy views, zeros in owned results).
+
+    recv_x:             [capacity, hidden] dtype, the received rows
+    recv_x_scales:      [capacity, hidden / 128] float32 (fp8_e4m3), else None
+    recv_src:           [capacity, 4] int32: source rank, source token, k (layout
+                        expert) or -1, 0
+    recv_topk_idx:      layout rank: [capacity, topk] int32 local expert ids, -1
+                        where the expert is not on this rank; else None
+    recv_topk_weights:  [capacity, topk] (rank) or [capacity] (expert) float32, or
+                        None without weights
+    num_recv_tokens_per_expert: [local experts] int32, rows per local expert
+    recv_expert_offset: layout expert: [local experts] int32 segment starts; else None
+    num_recv_rows:      [1] int32: rows received (layout expert: the end of the last
+                        segment), on the device"""
+    recv_x: torch.Tensor
+    recv_x_scales: Optional[torch.Tensor]
+    recv_src: torch.Tensor
+    recv_topk_idx: Optional[torch.Tensor]
+    recv_topk_weights: Optional[torch.Tensor]
+    num_recv_tokens_per_expert: torch.Tensor
+    recv_expert_offset: Optional[torch.Tensor]
+    num_recv_rows: torch.Tensor
+
+    def num_recv_rows_host(self):
+        """num_recv_rows as a Python int. Synchronises: waits for the
+        dispatch (and everything before it on the stream)."""
+        return int(self.num_recv_rows.item())
+
+
+RESULT_NAMES = DispatchResult._fields
+# Where each result (and combine_buffer) lives: the field of
+# symm_recv_buffers, the manifest region (for the reference backend) and
+# whether it is a per-row array.
+_PLACES = {
+    "recv_x": ("x", "recv_x"), "recv_x_scales": ("scales", "recv_scales"), "recv_src": ("src", "recv_src"),
+    "recv_topk_idx": ("topk_idx", "recv_topk_idx"), "recv_topk_weights": ("weights", "recv_weights"),
+    "num_recv_tokens_per_expert": ("expert_count", "expert_count"),
+    "recv_expert_offset": ("expert_offset", "expert_offset"), "num_recv_rows": ("rows", "state"),
+    "combine_buffer": ("y", "y"),
+}
+_ROW_RESULTS = ("recv_x", "recv_x_scales", "recv_src", "recv_topk_idx", "recv_topk_weights")
+
+
+def _nbytes(shape, dtype):
+    n = dtype.itemsize
+    for s in shape:
+        n *= s
+    return n
+
+
+def _typed(raw, dtype, shape):
+    """A tensor of dtype and shape over the uint8 tensor raw's memory, not a
+    view of it: each result is a tensor of its own to torch.compile, which
+    cannot follow a mutation through a view that changes the dtype."""
+    return torch.empty(0, dtype=dtype, device=raw.device).set_(raw.untyped_storage(), 0, shape)
+
+
+def _raw_stream():
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return lambda index: get(index)
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
+class _Native:
+    """The variant in libsymm (native or nccl backend)."""
+
+    def __init__(self, world, v, shapes, backend, cache_dir, tune, timeout):
+        lib = _lib.lib()
+        opts = _lib.VariantOptions(backend=_lib.BACKENDS[backend], timeout_s=float(timeout or 0),
+                                   cache_dir=cache_dir.encode() if cache_dir else None,
+                                   tune=tune.encode() if tune else None)
+        handle = ctypes.c_void_p()
+        _lib.check(lib.symm_variant_open(world.handle, v.manifest_path.encode(), v.name.encode(),
+                                         ctypes.byref(opts), ctypes.byref(handle)))
+        self.handle = handle
+        rb = _lib.RecvBuffers()
+        _lib.check(lib.symm_variant_recv(handle, ctypes.byref(rb)))
+        index = world.device.index
+        self.sym_range = (rb.x - v.regions["recv_x"][0], rb.x - v.regions["recv_x"][0] + v.symmetric_bytes)
+        self.results = {}
+        for name, (field, _) in _PLACES.items():
+            ptr = getattr(rb, field)
+            if ptr:
+                shape, dtype = shapes[name]
+                self.results[name] = _typed(device_bytes(ptr, _nbytes(shape, dtype), index), dtype, shape)
+        self._args = _lib.DispatchArgs()
+        self._args_ref = ctypes.byref(self._args)
+        self._dispatch = lib.symm_variant_dispatch
+        self._combine = lib.symm_variant_combine
+        self._stream = _raw_stream()
+        self._index = index
+
+    def dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
+        a = self._args
+        a.tokens = x.shape[0]
+        a.tokens_dev = num_tokens.data_ptr() if num_tokens is not None else None
+        a.x = x.data_ptr()
+        a.x_scales = x_scales.data_ptr() if x_scales is not None else None
+        a.topk_idx = topk_idx.data_ptr()
+        a.topk_weights = topk_weights.data_ptr() if topk_weights is not None else None
+        status = self._dispatch(self.handle, self._args_ref, self._stream(self._index))
+        if status:
+            raise _lib.error(status)
+
+    def combine(self, y, out):
+        status = self._combine(self.handle, y.data_ptr(), out.data_ptr(), self._stream(self._index))
+        if status:
+            raise _lib.error(status)
+
+    def stats(self):
+        st = _lib.VariantStats()
+        status = _lib.lib().symm_variant_stats_read(self.handle, self._stream(self._index), ctypes.byref(st))
+        values = {name: getattr(st, name) for name, _ in st._fields_}
+        return values, (None if status == 0 else _lib.error(status))
+
+    def destroy(self):
+        status = _lib.lib().symm_variant_destroy(self.handle)
+        self.handle = None
+        _lib.check(status)
+
+
+class _Reference:
+    """torch_ref (all_to_all_single over the process group) in place of the
+    kernels, on buffers laid out as the variant's: for tests of this
+    package on hosts without a GPU, and as an executable statement of the
+    semantics. Synchronises on every call; not capturable."""
+
+    def __init__(self, group, v, shapes, device):
+        self.group, self.v = group, v
+        self.sym_range = None
+        self.results = {}
+        for name, (_, region) in _PLACES.items():
+            if v.regions.get(region, (0, 0, False))[1] and (name != "recv_expert_offset" or v.layout == "expert"):
+                shape, dtype = shapes[name]
+                self.results[name] = _typed(torch.zeros(_nbytes(shape, dtype), dtype=torch.uint8, device=device),
+                                            dtype, shape)
+        self.plan = None
+
+    def dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
+        tokens = None if num_tokens is None else int(num_tokens.reshape(-1)[0])
+        self.plan, recv = torch_ref.dispatch(self.v, self.group, x, topk_idx, topk_weights, x_scales, tokens)
+        self.weights = topk_weights
+        for name, t in recv.items():
+            if t is not None:
+                self.results[name].copy_(t)
+
+    def combine(self, y, out):
+        out.copy_(torch_ref.combine(self.v, self.group, self.plan, y, self.weights))
+
+    def stats(self):
+        return {}, None
+
+    def destroy(self):
+        pass
+
+
+class Buffer:
+    """One variant on the ranks of a process group.
+
+    Buffer(group=None, spec=None, name=None, *, defines=None, cache_dir=None,
+           backend=None, tune=None, timeout=None, device=None)
+
+    group:   a torch.distributed ProcessGroup (default: the default group), or
+             a symmgen.World; the ranks of one host. Collective over it.
+    spec:    a dict of spec fields ({"hidden": 4096, "topk": 8, ...}; world
+             defaults to the group's size, name to "symmgen_torch"), a Lua
+             spec file (name picks the variant when it declares several;
+             defines: -D overrides {field: value}), or a manifest.json that
+             symmgen wrote (or its directory).
+    cache_dir: generated specs and JIT cubins (default SYMM_CACHE_DIR, else
+             ~/.cache/symmgen).
+    backend: None (SYMM_BACKEND, else native), "native", "nccl", or
+             "reference" (torch_ref over the group: no GPU needed, slow).
+    tune:    kernel tuning knobs "NAME=value,..." (README "Tuning").
+    timeout: seconds any wait may take (default SYMM_TIMEOUT or 60).
+    device:  the CUDA device (default torch.cuda.current_device()).
+
+    Attributes: name, hidden, topk, experts, world_size, local_experts,
+    max_tokens, dtype and combine_dtype (torch dtypes), layout, weights,
+    capacity, align, sms, combine ("push" or "pull"), combine_order,
+    variant (the manifest's manifest.Variant), rank, group, device,
+    combine_buffer (combine = "pull": where y should be written).
+    destroy() is collective; use the Buffer as a context manager or call it
+    on every rank."""
+
+    RESULT_NAMES = RESULT_NAMES
+    _dtypes = DTYPES
+    _next_id = 1
+
+    def __init__(self, group=None, spec=None, name=None, *, defines=None, cache_dir=None, backend=None,
+                 tune=None, timeout=None, device=None):
+        from .world import World
+        self._world = None
+        self._own_world = False
+        self._id = None
+        if backend not in (None, "native", "nccl", "reference"):
+            raise ValueError(f"symmgen.Buffer: backend: got {backend!r}, expected None, 'native', 'nccl' "
+                             f"or 'reference'")
+        if isinstance(group, World):
+            self._world, self.group = group, group.group
+        else:
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                raise RuntimeError("symmgen.Buffer: torch.distributed is not initialized: call "
+                                   "torch.distributed.init_process_group first")
+            self.group = group if group is not None else dist.group.WORLD
+        import torch.distributed as dist
+        self.rank = dist.get_rank(self.group)
+        size = dist.get_world_size(self.group)
+        path, name = _manifest_path(spec, name, size, defines, cache_dir)
+        self.variant = v = manifest.load(path).variant(name)
+        checks.world(v, size)
+        self._result_shapes = self._shapes()
+        if backend == "reference":
+            self.device = torch.device(device) if device is not None else (
+                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+            self._backend = _Reference(self.group, v, self._result_shapes, self.device)
+        else:
+            if self._world is None:
+                self._world, self._own_world = World(self.group, device=device, timeout=timeout), True
+            self.device = self._world.device
+            self._backend = _Native(self._world, v, self._result_shapes, backend, cache_dir, tune, timeout)
+        self._views = self._backend.results
+        self.combine_buffer = self._views.get("combine_buffer")
+        self._zero_copy = DispatchResult(*[self._views.get(n) for n in RESULT_NAMES])
+        # What the zero-copy op declares it mutates: every result (a tensor
+        # of its own where the variant has none).
+        self._mutable = tuple(self._views[n] if n in self._views else
+                              torch.empty(0, dtype=torch.uint8, device=self.device) for n in RESULT_NAMES)
+        self._awaiting = False
+        self._rows = 0
+        self._last = None
+        self._sym_range = self._backend.sym_range
+        self._x_dtype, self._y_dtype = DTYPES[v.dtype], DTYPES[v.combine_dtype]
+        self._weighted = v.layout == "expert" and v.weights
+        self._collectives_on_host = torch_ref.on_host(self.group, self.device)
+        self._id = Buffer._next_id
+        Buffer._next_id += 1
+        ops.registry[self._id] = self
+
+    # --- the variant's fields ---------------------------------------------------
+    name = property(lambda self: self.variant.name)
+    hidden = property(lambda self: self.variant.hidden)
+    topk = property(lambda self: self.variant.topk)
+    experts = property(lambda self: self.variant.experts)
+    world_size = property(lambda self: self.variant.world)
+    local_experts = property(lambda self: self.variant.local_experts)
+    max_tokens = property(lambda self: self.variant.max_tokens)
+    dtype = property(lambda self: DTYPES[self.variant.dtype])
+    combine_dtype = property(lambda self: DTYPES[self.variant.combine_dtype])
+    layout = property(lambda self: self.variant.layout)
+    weights = property(lambda self: self.variant.weights)
+    capacity = property(lambda self: self.variant.capacity)
+    align = property(lambda self: self.variant.align)
+    sms = property(lambda self: self.variant.sms)
+    combine_mode = property(lambda self: self.variant.combine)
+    combine_order = property(lambda self: self.variant.combine_order)
+
+    def __repr__(self):
+        return f"symmgen.Buffer({self.variant!r}, rank {self.rank}, {self.device})"
+
+    # --- views of the variant's buffers -------------------------------------------
+    def _shapes(self):
+        v, cap = self.variant, self.variant.capacity
+        L, K = v.local_experts, v.topk
+        f32, i32 = torch.float32, torch.int32
+        shapes = {"recv_x": ((cap, v.hidden), DTYPES[v.dtype]),
+                  "recv_x_scales": ((cap, v.scale_cols), f32) if v.scale_cols else None,
+                  "recv_src": ((cap, 4), i32),
+                  "recv_topk_idx": ((cap, K), i32) if v.layout == "rank" else None,
+                  "recv_topk_weights": (((cap, K) if v.layout == "rank" else (cap,)), f32) if v.weights else None,
+                  "num_recv_tokens_per_expert": ((L,), i32),
+                  "recv_expert_offset": ((L,), i32) if v.layout == "expert" else None,
+                  "num_recv_rows": ((1,), i32),
+                  "combine_buffer": ((cap, v.hidden), DTYPES[v.combine_dtype]) if v.pull else None}
+        # Absent results travel through the owned ops as empty tensors.
+        return {k: s if s is not None else ((0,), f32) for k, s in shapes.items()}
+
+    def _check_own(self, tensors):
+        """The zero-copy ops must get this buffer's own tensors: a copy (what
+        a functionalization pass makes when it cannot prove the op may write
+        in place) would not hold what the peers wrote."""
+        if any(t.data_ptr() != own.data_ptr() for t, own in zip(tensors, self._mutable)):
+            raise RuntimeError(
+                f"{self.name}: the zero-copy op got a copy of the variant's buffers (torch.compile could not "
+                f"let it write in place, for instance because a result of an earlier dispatch is read after a "
+                f"later one): pass copy=True to dispatch")
+
+    # --- launches (argument checks done) ----------------------------------------
+    def _launch_dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
+        self._backend.dispatch(x, topk_idx, topk_weights, x_scales, num_tokens)
+        self._awaiting = True
+        self._rows = x.shape[0]
+        torch._C._increment_version(self._mutable)
+
+    def _launch_combine(self, y, out):
+        if self.variant.pull and not self._inside(y):
+            y = self.combine_buffer.copy_(y)
+        self._backend.combine(y, out)
+        self._awaiting = False
+
+    def _inside(self, y):
+        """Whether y lies in the variant's symmetric buffer (where a pulling
+        combine's peers read it)."""
+        start = y.data_ptr()
+        if self._sym_range is None:
+            return start in (self.combine_buffer.data_ptr(), self._views["recv_x"].data_ptr())
+        return self._sym_range[0] <= start and start + y.numel() * y.element_size() <= self._sym_range[1]
+
+    def _new_out(self, tokens):
+        return torch.empty((tokens, self.variant.hidden), dtype=self._y_dtype, device=self.device)
+
+    def _ones_weights(self, topk_idx):
+        if not self.variant.weights:
+            return None
+        return torch.ones(topk_idx.shape, dtype=torch.float32, device=self.device)
+
+    def _valid_rows(self):
+        return ops.valid_rows(self, self._views["num_recv_tokens_per_expert"],
+                              self._views.get("recv_expert_offset"), self._views["num_recv_rows"])
+
+    def _owned(self, name, valid=None):
+        """An owned copy of result name; per-row results are zero past the
+        rows the dispatch wrote."""
+        view = self._views.get(name)
+        if view is None:
+            return torch.empty(self._result_shapes[name][0], dtype=self._result_shapes[name][1],
+                               device=self.device)
+        if name not in _ROW_RESULTS:
+            return view.clone()
+        if valid is None:
+            valid = self._valid_rows()
+        mask = valid.view((-1,) + (1,) * (view.dim() - 1))
+        raw = view.view(torch.uint8) if view.element_size() == 1 else view
+        return torch.where(mask, raw, torch.zeros((), dtype=raw.dtype, device=raw.device)).view(view.dtype)
+
+    def _owned_results(self):
+        valid = self._valid_rows()
+        return [self._owned(name, valid) for name in RESULT_NAMES]
+
+    # --- argument preparation ----------------------------------------------------
+    @staticmethod
+    def _idx32(topk_idx):
+        if topk_idx.dtype == torch.int32:
+            return topk_idx
+        # An id beyond int32 stays invalid rather than wrapping onto a valid one.
+        return topk_idx.clamp(-(1 << 31), (1 << 31) - 1).to(torch.int32).contiguous()
+
+    @staticmethod
+    def _tokens32(num_tokens, rows):
+        if num_tokens is None:
+            return None
+        return num_tokens.reshape(1).clamp(0, rows).to(torch.int32)
+
+    def _fast_ok(self, x, topk_idx, topk_weights, x_scales, num_tokens):
+        """The common eager call (int32 ids, no scales, no device count) with
+        arguments that pass checks.dispatch; anything else (or anything
+        wrong) takes the full checks."""
+        try:
+            d, v = self.device, self.variant
+            shape = x.shape
+            ok = (x.dtype is self._x_dtype and topk_idx.dtype is torch.int32 and x_scales is None
+                  and num_tokens is None and x.device == d and topk_idx.device == d and len(shape) == 2
+                  and shape[1] == v.hidden and shape[0] <= v.max_tokens and topk_idx.shape == (shape[0], v.topk)
+                  and x.is_contiguous() and topk_idx.is_contiguous() and x.data_ptr() % 16 == 0
+                  and v.scale_cols == 0)
+            if not ok:
+                return False
+            if topk_weights is None:
+                return not v.weights
+            return (v.weights and topk_weights.dtype is torch.float32 and topk_weights.device == d
+                    and topk_weights.shape == (shape[0], v.topk) and topk_weights.is_contiguous())
+        except (AttributeError, TypeError):
+            return False
+
+    # --- dispatch -------------------------------------------------------------------
+    def dispatch(self, x, topk_idx, topk_weights=None, x_scales=None, *, num_tokens=None, copy=None):
+        """Send each token to the ranks of its experts.
+
+        x:            [T, hidden] of the variant's dtype (torch.bfloat16, ...), contiguous,
+                      on this rank's device; T <= max_tokens (T may differ per rank)
+        topk_idx:     [T, topk] int32 or int64 expert ids (-1: none); int64 is
+                      converted on the GPU
+        topk_weights: [T, topk] float32 when the variant carries weights, else None
+        x_scales:     [T, hidden / 128] float32 for fp8_e4m3 (x then torch.float8_e4m3fn)
+        num_tokens:   None, or a one-element int32/int64 tensor on the device: how
+                      many leading rows of x to send, read on the GPU (clamped to
+                      0..T), so that one captured CUDA graph serves any count
+        copy:         False: the results are views of the variant's buffers (zero
+                      copy), valid until the next dispatch, which bumps their
+                      version counter (autograd then refuses a saved view);
+                      True: owned tensors; None (default): views, or owned
+                      tensors while autograd records (torch.is_grad_enabled())
+
+        Returns a DispatchResult. Runs on the current stream, no host
+        synchronisation. Every dispatch must be followed by its combine
+        before the next dispatch, on every rank in the same order.
+        Differentiable (when the dispatch and combine dtypes agree): the
+        gradient of x is a combine of recv_x's gradient, that of
+        topk_weights comes back from recv_topk_weights' gradient."""
+        if torch.compiler.is_compiling():
+            return self._dispatch_traced(x, topk_idx, topk_weights, x_scales, num_tokens, copy)
+        recording = torch.is_grad_enabled()
+        if copy or (copy is None and recording):
+            return self._dispatch_owned(x, topk_idx, topk_weights, x_scales, num_tokens, False)
+        if recording and (x.requires_grad or (topk_weights is not None and topk_weights.requires_grad)):
+            raise ValueError(f"{self.name} dispatch: copy=False with inputs that require grad: the zero-copy "
+                             f"results cannot carry gradients; pass copy=None or True")
+        if not self._fast_ok(x, topk_idx, topk_weights, x_scales, num_tokens):
+            checks.dispatch(self.variant, self.device, DTYPES, x, topk_idx, topk_weights, x_scales, num_tokens)
+        if self._awaiting:
+            checks.alternation(self.variant, True)
+        idx, tok = self._idx32(topk_idx), self._tokens32(num_tokens, x.shape[0])
+        self._launch_dispatch(x, idx, topk_weights, x_scales, tok)
+        self._last = (idx, topk_weights, tok, None, False)
+        return self._zero_copy
+
+    def _dispatch_owned(self, x, topk_idx, topk_weights, x_scales, num_tokens, traced):
+        checks.dispatch(self.variant, self.device, DTYPES, x, topk_idx, topk_weights, x_scales, num_tokens,
+                        traced=traced)
+        tracked = torch.is_grad_enabled() and (
+            x.requires_grad or (topk_weights is not None and topk_weights.requires_grad))
+        if tracked:
+            checks.autograd(self.variant)
+        if not traced and self._awaiting:
+            checks.alternation(self.variant, True)
+        idx, tok = self._idx32(topk_idx), self._tokens32(num_tokens, x.shape[0])
+        outs = torch.ops.symmgen.dispatch_owned(self._id, x, idx, topk_weights, x_scales, tok)
+        result = DispatchResult(*[t if name in self._views else None for name, t in zip(RESULT_NAMES, outs)])
+        self._last = (idx, topk_weights, tok, result, tracked)
+        return result
+
+    def _dispatch_traced(self, x, topk_idx, topk_weights, x_scales, num_tokens, copy):
+        if copy or (copy is None and torch.is_grad_enabled()):
+            return self._dispatch_owned(x, topk_idx, topk_weights, x_scales, num_tokens, True)
+        checks.dispatch(self.variant, self.device, DTYPES, x, topk_idx, topk_weights, x_scales, num_tokens,
+                        traced=True)
+        idx, tok = self._idx32(topk_idx), self._tokens32(num_tokens, x.shape[0])
+        torch.ops.symmgen.dispatch(self._id, x, idx, topk_weights, x_scales, tok, *self._mutable)
+        self._last = (idx, topk_weights, tok, None, False)
+        return self._zero_copy
+
+    # --- combine ----------------------------------------------------------------------
+    def combine(self, y):
+        """Bring the expert outputs back and sum them per token.
+
+        y: [capacity, hidden] of the variant's combine dtype, aligned with the
+           last dispatch's recv_x (recv_x itself when the dtypes agree). With
+           combine = "pull" the peers read y from the variant's symmetric
+           buffer: write it into combine_buffer (or use recv_x) for zero copy;
+           any other y is first copied there.
+
+        Returns out [T, hidden] in the combine dtype, T as the last dispatch's
+        x (rows at and past a device num_tokens are not written). Layout
+        rank: the sum over the ranks that received each token; layout
+        expert: the top-k weights applied (DESIGN.md "Semantics"). Runs on
+        the current stream, no host synchronisation. Differentiable."""
+        if torch.compiler.is_compiling():
+            return self._combine_traced(y)
+        if torch.is_grad_enabled() and self._combine_records(y):
+            return self._combine_owned(y, False)
+        v = self.variant
+        try:
+            fast = (y.dtype is self._y_dtype and y.device == self.device and y.shape == (v.capacity, v.hidden)
+                    and y.is_contiguous() and y.data_ptr() % 16 == 0 and self._awaiting)
+        except (AttributeError, TypeError):
+            fast = False
+        if not fast:
+            checks.combine(v, self.device, DTYPES, y, self._awaiting)
+        out = torch.empty((self._rows, v.hidden), dtype=self._y_dtype, device=self.device)
+        self._launch_combine(y, out)
+        return out
+
+    def _combine_records(self, y):
+        last = self._last
+        return y.requires_grad or (self._weighted and last is not None and last[1] is not None
+                                   and last[1].requires_grad)
+
+    def _combine_owned(self, y, traced):
+        checks.combine(self.variant, self.device, DTYPES, y, traced or self._awaiting, traced=traced)
+        checks.autograd(self.variant)
+        idx, weights, tok, result, tracked = self._last
+        if result is None:
+            # The dispatch was zero copy: what the backward reads must not be
+            # overwritten by later dispatches.
+            result = DispatchResult(*[self._owned(n) if n in self._views else None for n in RESULT_NAMES])
+        return torch.ops.symmgen.combine_owned(
+            self._id, y, idx, weights if self._weighted else None, tok, result.recv_src,
+            result.recv_topk_weights if self._weighted else None, result.num_recv_tokens_per_expert,
+            result.recv_expert_offset, result.num_recv_rows, not tracked)
+
+    def _combine_traced(self, y):
+        if torch.is_grad_enabled() and self._combine_records(y):
+            return self._combine_owned(y, True)
+        checks.combine(self.variant, self.device, DTYPES, y, True, traced=True)
+        out = torch.empty((self._last_tokens(), self.variant.hidden), dtype=self._y_dtype, device=self.device)
+        torch.ops.symmgen.combine(self._id, y, out, self._views["num_recv_rows"])
+        return out
+
+    def _last_tokens(self):
+        if self._last is None:
+            raise RuntimeError(f"{self.name} combine: no dispatch to combine")
+        return self._last[0].shape[0]
+
+    # --- state ----------------------------------------------------------------------
+    def stats(self, check=True):
+        """The last dispatch's statistics as a dict (calls, tokens, recv_rows,
+        invalid, dropped_send, dropped_recv, clamped, timed_out, timeout_peer,
+        timeout_phase). Synchronises the current stream. check: raise
+        SymmError (libsymm's message) when rows were dropped, ids were
+        invalid, T was clamped, or a peer timed out."""
+        values, err = self._backend.stats()
+        if check and err is not None:
+            raise err
+        return values
+
+    def destroy(self):
+        """Collective: free the variant (and the world, when the Buffer made
+        it). The views it handed out must not be used afterwards."""
+        if self._id is None:
+            return
+        ops.registry.pop(self._id, None)
+        self._id = None
+        try:
+            self._backend.destroy()
+        finally:
+            if self._own_world:
+                self._world.destroy()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+
+def _manifest_path(spec, name, world_size, defines, cache_dir):
+    """(manifest path, variant name) for what Buffer's spec argument names."""
+    if isinstance(spec, dict):
+        if defines:
+            raise TypeError("symmgen.Buffer: defines: for a spec file; put the fields in the dict instead")
+        fields = dict(spec)
+        fields.setdefault("world", world_size)
+        fields.setdefault("name", name or "symmgen_torch")
+        if name is not None and fields["name"] != name:
+            raise ValueError(f"symmgen.Buffer: name {name!r} differs from the dict's name {fields['name']!r}")
+        return spec_mod.generate_fields(fields, cache_dir=cache_dir), fields["name"]
+    if spec is None:
+        raise TypeError("symmgen.Buffer: spec: expected a dict of spec fields, a .lua spec file or a manifest.json")
+    path = os.fspath(spec)
+    if path.endswith(".lua"):
+        return spec_mod.generate(spec_path=path, defines=defines, cache_dir=cache_dir), name
+    if defines:
+        raise TypeError("symmgen.Buffer: defines: for a spec file, not a manifest (it is generated already)")
+    if os.path.isdir(path):
+        path = os.path.join(path, "manifest.json")
+    if path.endswith(".json"):
+        return path, name
+    raise ValueError(f"symmgen.Buffer: spec {path!r}: expected a dict of spec fields, a .lua spec file or a "
+                     f"manifest.json")
