@@ -23,7 +23,8 @@ def _version():
 
 
 def _build_dir():
-    return os.environ.get("SYMMGEN_BUILD_DIR") or os.path.join(REPO, "build")
+    """SYMMGEN_BUILD_DIR (relative: to the repository root), else build/."""
+    return os.path.join(REPO, os.environ.get("SYMMGEN_BUILD_DIR") or "build")
 
 
 def _ensure_built(build):

@@ -12,7 +12,7 @@
 # usage: SYMM_BUILD_DIR=build [PYTHON=python3] [SYMMGEN_TEST_INSTALLED=1]
 #        scripts/test-python-gpu.sh [PYTEST_ARGS...]
 set -uo pipefail
-build=${SYMM_BUILD_DIR:-build}
+build=$(cd "${SYMM_BUILD_DIR:-build}" 2>/dev/null && pwd || echo "${SYMM_BUILD_DIR:-build}")
 py=${PYTHON:-python3}
 note() { echo "test-python-gpu: $*"; }
 if ! "$py" -c 'import torch' 2>/dev/null; then

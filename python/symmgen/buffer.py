@@ -73,6 +73,12 @@ _PLACES = {
 _ROW_RESULTS = ("recv_x", "recv_x_scales", "recv_src", "recv_topk_idx", "recv_topk_weights")
 
 
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_increment_version = torch._C._increment_version
+_I32, _F32 = torch.int32, torch.float32
+
+
 def _nbytes(shape, dtype):
     n = dtype.itemsize
     for s in shape:
@@ -170,7 +176,7 @@ class _Reference:
         self.plan = None
 
     def dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
-        tokens = None if num_tokens is None else int(num_tokens.reshape(-1)[0])
+        tokens = None if num_tokens is None else max(0, min(int(num_tokens.reshape(-1)[0]), x.shape[0]))
         self.plan, recv = torch_ref.dispatch(self.v, self.group, x, topk_idx, topk_weights, x_scales, tokens)
         self.weights = topk_weights
         for name, t in recv.items():
@@ -260,11 +266,17 @@ class Buffer:
         # of its own where the variant has none).
         self._mutable = tuple(self._views[n] if n in self._views else
                               torch.empty(0, dtype=torch.uint8, device=self.device) for n in RESULT_NAMES)
+        # What every dispatch bumps the version counter of (what a caller holds).
+        self._versioned = tuple(self._views[n] for n in RESULT_NAMES if n in self._views)
         self._awaiting = False
         self._rows = 0
         self._last = None
         self._sym_range = self._backend.sym_range
+        # What the per-call checks compare against, at hand.
         self._x_dtype, self._y_dtype = DTYPES[v.dtype], DTYPES[v.combine_dtype]
+        self._hidden, self._topk, self._max_tokens = v.hidden, v.topk, v.max_tokens
+        self._has_weights, self._scale_cols, self._pull = v.weights, v.scale_cols, v.pull
+        self._y_shape = (v.capacity, v.hidden)
         self._weighted = v.layout == "expert" and v.weights
         self._collectives_on_host = torch_ref.on_host(self.group, self.device)
         self._id = Buffer._next_id
@@ -324,10 +336,10 @@ class Buffer:
         self._backend.dispatch(x, topk_idx, topk_weights, x_scales, num_tokens)
         self._awaiting = True
         self._rows = x.shape[0]
-        torch._C._increment_version(self._mutable)
+        _increment_version(self._versioned)
 
     def _launch_combine(self, y, out):
-        if self.variant.pull and not self._inside(y):
+        if self._pull and not self._inside(y):
             y = self.combine_buffer.copy_(y)
         self._backend.combine(y, out)
         self._awaiting = False
@@ -379,32 +391,15 @@ class Buffer:
         # An id beyond int32 stays invalid rather than wrapping onto a valid one.
         return topk_idx.clamp(-(1 << 31), (1 << 31) - 1).to(torch.int32).contiguous()
 
-    @staticmethod
-    def _tokens32(num_tokens, rows):
+    def _tokens32(self, num_tokens, rows):
+        """The device token count as the kernels read it: as given when it is
+        one int32 and x holds max_tokens rows (the kernels clamp to
+        0..max_tokens and report a clamp), else clamped to x's rows here."""
         if num_tokens is None:
             return None
+        if num_tokens.dtype == torch.int32 and rows == self.variant.max_tokens and num_tokens.is_contiguous():
+            return num_tokens
         return num_tokens.reshape(1).clamp(0, rows).to(torch.int32)
-
-    def _fast_ok(self, x, topk_idx, topk_weights, x_scales, num_tokens):
-        """The common eager call (int32 ids, no scales, no device count) with
-        arguments that pass checks.dispatch; anything else (or anything
-        wrong) takes the full checks."""
-        try:
-            d, v = self.device, self.variant
-            shape = x.shape
-            ok = (x.dtype is self._x_dtype and topk_idx.dtype is torch.int32 and x_scales is None
-                  and num_tokens is None and x.device == d and topk_idx.device == d and len(shape) == 2
-                  and shape[1] == v.hidden and shape[0] <= v.max_tokens and topk_idx.shape == (shape[0], v.topk)
-                  and x.is_contiguous() and topk_idx.is_contiguous() and x.data_ptr() % 16 == 0
-                  and v.scale_cols == 0)
-            if not ok:
-                return False
-            if topk_weights is None:
-                return not v.weights
-            return (v.weights and topk_weights.dtype is torch.float32 and topk_weights.device == d
-                    and topk_weights.shape == (shape[0], v.topk) and topk_weights.is_contiguous())
-        except (AttributeError, TypeError):
-            return False
 
     # --- dispatch -------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights=None, x_scales=None, *, num_tokens=None, copy=None):
@@ -418,7 +413,8 @@ class Buffer:
         x_scales:     [T, hidden / 128] float32 for fp8_e4m3 (x then torch.float8_e4m3fn)
         num_tokens:   None, or a one-element int32/int64 tensor on the device: how
                       many leading rows of x to send, read on the GPU (clamped to
-                      0..T), so that one captured CUDA graph serves any count
+                      0..T), so that one captured CUDA graph serves any count; an
+                      int32 count with T = max_tokens costs no extra kernel
         copy:         False: the results are views of the variant's buffers (zero
                       copy), valid until the next dispatch, which bumps their
                       version counter (autograd then refuses a saved view);
@@ -431,21 +427,48 @@ class Buffer:
         Differentiable (when the dispatch and combine dtypes agree): the
         gradient of x is a combine of recv_x's gradient, that of
         topk_weights comes back from recv_topk_weights' gradient."""
-        if torch.compiler.is_compiling():
+        if _compiling():
             return self._dispatch_traced(x, topk_idx, topk_weights, x_scales, num_tokens, copy)
-        recording = torch.is_grad_enabled()
+        recording = _grad_enabled()
         if copy or (copy is None and recording):
             return self._dispatch_owned(x, topk_idx, topk_weights, x_scales, num_tokens, False)
         if recording and (x.requires_grad or (topk_weights is not None and topk_weights.requires_grad)):
             raise ValueError(f"{self.name} dispatch: copy=False with inputs that require grad: the zero-copy "
                              f"results cannot carry gradients; pass copy=None or True")
-        if not self._fast_ok(x, topk_idx, topk_weights, x_scales, num_tokens):
-            checks.dispatch(self.variant, self.device, DTYPES, x, topk_idx, topk_weights, x_scales, num_tokens)
+        # The common call is checked here in one expression (the per-call
+        # cost matters at decode); anything else, or anything wrong, goes
+        # through checks.dispatch, which names what is wrong.
+        d = self.device
+        try:
+            rows, hidden = x.shape
+            ok = (x.dtype is self._x_dtype and hidden == self._hidden and rows <= self._max_tokens
+                  and topk_idx.dtype is _I32 and num_tokens is None and x.device == d and topk_idx.device == d
+                  and topk_idx.shape == (rows, self._topk) and x.is_contiguous() and topk_idx.is_contiguous()
+                  and not x.data_ptr() & 15)
+            if ok:
+                w = topk_weights
+                ok = (w is None) if not self._has_weights else (
+                    w is not None and w.dtype is _F32 and w.device == d and w.shape == (rows, self._topk)
+                    and w.is_contiguous())
+            if ok:
+                sc = x_scales
+                ok = (sc is None) if not self._scale_cols else (
+                    sc is not None and sc.dtype is _F32 and sc.device == d and sc.shape == (rows, self._scale_cols)
+                    and sc.is_contiguous())
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            checks.dispatch(self.variant, d, DTYPES, x, topk_idx, topk_weights, x_scales, num_tokens)
         if self._awaiting:
             checks.alternation(self.variant, True)
-        idx, tok = self._idx32(topk_idx), self._tokens32(num_tokens, x.shape[0])
-        self._launch_dispatch(x, idx, topk_weights, x_scales, tok)
-        self._last = (idx, topk_weights, tok, None, False)
+        if topk_idx.dtype is not _I32:
+            topk_idx = self._idx32(topk_idx)
+        tok = None if num_tokens is None else self._tokens32(num_tokens, x.shape[0])
+        self._backend.dispatch(x, topk_idx, topk_weights, x_scales, tok)
+        self._awaiting = True
+        self._rows = x.shape[0]
+        _increment_version(self._versioned)
+        self._last = (topk_idx, topk_weights, tok, None, False)
         return self._zero_copy
 
     def _dispatch_owned(self, x, topk_idx, topk_weights, x_scales, num_tokens, traced):
@@ -474,33 +497,45 @@ class Buffer:
         return self._zero_copy
 
     # --- combine ----------------------------------------------------------------------
-    def combine(self, y):
+    def combine(self, y, *, out=None):
         """Bring the expert outputs back and sum them per token.
 
-        y: [capacity, hidden] of the variant's combine dtype, aligned with the
-           last dispatch's recv_x (recv_x itself when the dtypes agree). With
-           combine = "pull" the peers read y from the variant's symmetric
-           buffer: write it into combine_buffer (or use recv_x) for zero copy;
-           any other y is first copied there.
+        y:   [capacity, hidden] of the variant's combine dtype, aligned with the
+             last dispatch's recv_x (recv_x itself when the dtypes agree). With
+             combine = "pull" the peers read y from the variant's symmetric
+             buffer: write it into combine_buffer (or use recv_x) for zero copy;
+             any other y is first copied there.
+        out: optional [T, hidden] combine-dtype tensor to write into instead of
+             a new one (not while autograd records).
 
         Returns out [T, hidden] in the combine dtype, T as the last dispatch's
         x (rows at and past a device num_tokens are not written). Layout
         rank: the sum over the ranks that received each token; layout
         expert: the top-k weights applied (DESIGN.md "Semantics"). Runs on
         the current stream, no host synchronisation. Differentiable."""
-        if torch.compiler.is_compiling():
-            return self._combine_traced(y)
-        if torch.is_grad_enabled() and self._combine_records(y):
+        if _compiling():
+            return self._combine_traced(y, out)
+        if _grad_enabled() and self._combine_records(y):
+            if out is not None:
+                raise ValueError(f"{self.name} combine: out given while autograd records: the differentiable "
+                                 f"combine returns a new tensor")
             return self._combine_owned(y, False)
-        v = self.variant
+        d = self.device
         try:
-            fast = (y.dtype is self._y_dtype and y.device == self.device and y.shape == (v.capacity, v.hidden)
-                    and y.is_contiguous() and y.data_ptr() % 16 == 0 and self._awaiting)
+            ok = (self._awaiting and y.dtype is self._y_dtype and y.shape == self._y_shape and y.device == d
+                  and y.is_contiguous() and not y.data_ptr() & 15)
+            if ok and out is not None:
+                ok = (out.dtype is self._y_dtype and out.shape == (self._rows, self._hidden) and out.device == d
+                      and out.is_contiguous() and not out.data_ptr() & 15)
         except (AttributeError, TypeError):
-            fast = False
-        if not fast:
-            checks.combine(v, self.device, DTYPES, y, self._awaiting)
-        out = torch.empty((self._rows, v.hidden), dtype=self._y_dtype, device=self.device)
+            ok = False
+        if not ok:
+            checks.combine(self.variant, d, DTYPES, y, self._awaiting)
+            if out is not None:
+                checks.tensor(f"{self.name} combine", "out", out, (self._y_dtype,), (self._rows, self._hidden), d,
+                              align=16)
+        if out is None:
+            out = torch.empty((self._rows, self._hidden), dtype=self._y_dtype, device=d)
         self._launch_combine(y, out)
         return out
 
@@ -522,11 +557,12 @@ class Buffer:
             result.recv_topk_weights if self._weighted else None, result.num_recv_tokens_per_expert,
             result.recv_expert_offset, result.num_recv_rows, not tracked)
 
-    def _combine_traced(self, y):
+    def _combine_traced(self, y, out):
         if torch.is_grad_enabled() and self._combine_records(y):
             return self._combine_owned(y, True)
         checks.combine(self.variant, self.device, DTYPES, y, True, traced=True)
-        out = torch.empty((self._last_tokens(), self.variant.hidden), dtype=self._y_dtype, device=self.device)
+        if out is None:
+            out = torch.empty((self._last_tokens(), self.variant.hidden), dtype=self._y_dtype, device=self.device)
         torch.ops.symmgen.combine(self._id, y, out, self._views["num_recv_rows"])
         return out
 

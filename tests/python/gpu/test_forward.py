@@ -19,7 +19,6 @@ def tokens_per_rank(v, full=False):
 def run_forward(buf, ins, **dispatch_kw):
     """This rank's dispatch (zero copy) and combine under no_grad: the
     results (as host copies) and out."""
-    v = buf.variant
     mine = on(ENV.device, ins[ENV.rank])
     with torch.no_grad():
         r = buf.dispatch(mine["x"], mine["topk_idx"], mine["topk_weights"], mine["x_scales"], **dispatch_kw)
