@@ -128,6 +128,7 @@ class _Native:
         self._combine = lib.symm_variant_combine
         self._stream = _raw_stream()
         self._index = index
+        self._no_rows = torch.empty(16, dtype=torch.uint8, device=world.device)
 
     def dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
         a = self._args
@@ -142,7 +143,9 @@ class _Native:
             raise _lib.error(status)
 
     def combine(self, y, out):
-        status = self._combine(self.handle, y.data_ptr(), out.data_ptr(), self._stream(self._index))
+        # An empty out has no address; libsymm wants one even for no rows.
+        target = out.data_ptr() or self._no_rows.data_ptr()
+        status = self._combine(self.handle, y.data_ptr(), target, self._stream(self._index))
         if status:
             raise _lib.error(status)
 
