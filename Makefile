@@ -65,7 +65,7 @@ GEN_LIB_OBJS := $(filter-out $(BUILD)/obj/generator/main.o,$(GEN_OBJS))
 GEN_INC   := -Igenerator -Iruntime/include $(LUA_INC) $(CUDA_INC)
 LIBSG_A   := $(BUILD)/lib/libsg.a
 SYMMGEN   := $(BUILD)/bin/symmgen
-TEMPLATES := $(sort $(wildcard templates/*.in))
+TEMPLATES := $(sort $(wildcard templates/*.in templates/cu/*.in))
 GEN_LIBS  := $(LUA_A) $(NVRTC_LIBS) -lm -ldl
 
 # --- tests -------------------------------------------------------------------

@@ -63,7 +63,8 @@ static const char *const routing_names[] = {"uniform", "zipf", "local"};
 /* One row: a variant of specs/bench.lua at one T and routing. The group is
  * the first letter of the id (the letters of the issue: a..g; h: the fixed
  * costs, every token routed to its own rank's experts, no row crosses; p:
- * rows a, b, f.8, f.16 and g with combine = "pull", bench/NOTES.md 46). */
+ * rows a, b, f.8, f.16 and g with combine = "pull", bench/NOTES.md 46; i:
+ * rows a, b and g with fp8_e4m3 dispatch and bf16 combine). */
 typedef struct row_spec {
     const char *id;
     const char *variant;
@@ -93,6 +94,8 @@ static const row_spec matrix[] = {
     {"f.64", "bench_dsv3_prefill_sms64", 4096, ROUTE_UNIFORM},
     {"g.prefill", "bench_dsv3_prefill_expert", 4096, ROUTE_UNIFORM},
     {"g.decode", "bench_dsv3_decode_expert", 128, ROUTE_UNIFORM},
+    {"g.k.prefill", "bench_dsv3_prefill_expert_k", 4096, ROUTE_UNIFORM},
+    {"g.k.decode", "bench_dsv3_decode_expert_k", 128, ROUTE_UNIFORM},
     {"h.prefill", "bench_dsv3_prefill", 4096, ROUTE_LOCAL},
     {"h.decode", "bench_dsv3_decode", 128, ROUTE_LOCAL},
     {"h.expert", "bench_dsv3_prefill_expert", 4096, ROUTE_LOCAL},
@@ -102,6 +105,10 @@ static const row_spec matrix[] = {
     {"p.f.16", "bench_dsv3_prefill_sms16_pull", 4096, ROUTE_UNIFORM},
     {"p.g.prefill", "bench_dsv3_prefill_expert_pull", 4096, ROUTE_UNIFORM},
     {"p.g.decode", "bench_dsv3_decode_expert_pull", 128, ROUTE_UNIFORM},
+    {"i.a", "bench_dsv3_prefill_fp8", 4096, ROUTE_UNIFORM},
+    {"i.b", "bench_dsv3_decode_fp8", 128, ROUTE_UNIFORM},
+    {"i.g.prefill", "bench_dsv3_prefill_expert_fp8", 4096, ROUTE_UNIFORM},
+    {"i.g.decode", "bench_dsv3_decode_expert_fp8", 128, ROUTE_UNIFORM},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -131,11 +138,13 @@ static void usage(FILE *f)
             "  --manifest PATH  manifest.json of the generated bench variants (required)\n"
             "  --csv PATH       write the rows as CSV (rank 0; rows appear as variants finish)\n"
             "  --markdown PATH  write the final tables in Markdown (rank 0), for bench/RESULTS.md\n"
-            "  --groups LIST    only these row groups, letters a..h and p separated by commas (default\n"
+            "  --groups LIST    only these row groups, letters a..i and p separated by commas (default\n"
             "                   all): a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM\n"
-            "                   budgets, g layout expert, h fixed costs (a, b and g.prefill with every\n"
-            "                   token routed to its own rank: no row crosses), p a, b, f.8, f.16 and g\n"
-            "                   with a combine that pulls the peers' rows (combine = \"pull\")\n"
+            "                   budgets, g layout expert (g.k: combine_order = \"k\"), h fixed costs (a,\n"
+            "                   b and g.prefill with every token routed to its own rank: no row\n"
+            "                   crosses), i a, b and g with fp8_e4m3 dispatch (bf16 combine), p a, b,\n"
+            "                   f.8, f.16 and g with a combine that pulls the peers' rows (combine =\n"
+            "                   \"pull\")\n"
             "  --reps N         timed repetitions per measurement (default %d, at least %d for\n"
             "                   numbers worth reporting)\n"
             "  --warmup N       untimed repetitions before them (default 5)\n"
@@ -203,8 +212,8 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--groups")) {
             o->groups = argv[++i];
             for (const char *g = o->groups; *g; g++)
-                if (*g != ',' && (*g < 'a' || *g > 'h') && *g != 'p')
-                    return bad_usage("--groups \"%s\": expected letters a..h and p separated by commas",
+                if (*g != ',' && (*g < 'a' || *g > 'i') && *g != 'p')
+                    return bad_usage("--groups \"%s\": expected letters a..i and p separated by commas",
                                      o->groups);
         } else if (!strcmp(a, "--reps")) {
             if (!parse_int(argv[++i], 1, 100000, &o->reps))
@@ -713,7 +722,7 @@ static bool same_config(const symm_ref_config *a, const symm_ref_config *c)
     return a->hidden == c->hidden && a->topk == c->topk && a->experts == c->experts && a->world == c->world &&
            a->max_tokens == c->max_tokens && a->dtype == c->dtype && a->combine_dtype == c->combine_dtype &&
            a->layout == c->layout && a->weights == c->weights && a->capacity == c->capacity &&
-           a->align == c->align;
+           a->align == c->align && a->combine_order == c->combine_order;
 }
 
 static void guard_free(guard *g)
@@ -1735,8 +1744,10 @@ static void print_notes(FILE *f, const bench *b, bool markdown)
             li, li, li, li, li);
     fprintf(f, "%slayout expert (rows g): remote MB counts a row per (token, expert); dispatch sends a token's row\n"
                "%s  to a peer once however many of its experts live there (tuning knob DEDUP, on by default) and\n"
-               "%s  the peer copies it locally, so its GB/s is that payload over the time, not NVLink's bytes.\n",
-            li, li, li);
+               "%s  the peer copies it locally, and combine (combine_order rank, the default; g.k: \"k\") sends\n"
+               "%s  one partial sum per (token, peer) back, so its GB/s is that payload over the time, not\n"
+               "%s  NVLink's bytes.\n",
+            li, li, li, li, li);
     fprintf(f, "%sroutings: uniform = top-k distinct experts uniformly; zipf = Zipf(s = %.1f) over expert ids,\n"
                "%s  expert 0 hottest, so the low ranks' experts take most rows; local = top-k distinct experts\n"
                "%s  uniformly among the token's own rank's (no row crosses: the fixed costs). Seed 0x%" PRIx64 ".\n",

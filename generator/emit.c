@@ -12,6 +12,12 @@
 #include "../runtime/sha256.h" /* the runtime's SHA-256, compiled into symmgen too */
 
 #define TEMPLATE_CU "templates/variant.cu.in"
+/* The CUDA source is TEMPLATE_CU and then these parts, in this order, each
+ * after a #line that names it (templates/variant.cu.in says what each holds). */
+static const char *const CU_PARTS[] = {
+    "templates/cu/primitives.cu.in", "templates/cu/routing.cu.in", "templates/cu/dispatch.cu.in",
+    "templates/cu/combine.cu.in",    "templates/cu/nccl.cu.in",
+};
 #define TEMPLATE_H "templates/variant.h.in"
 #define TEMPLATE_C "templates/variant.c.in"
 
@@ -270,6 +276,12 @@ int sg_generate_variant(const sg_template *table, const sg_variant *v, const cha
     sg_vars_set(&vars, "HEADER", "%s", text.data);
 
     int st = expand_named(table, TEMPLATE_CU, &vars, true, &out->cu, diag);
+    for (size_t i = 0; st == SG_EXIT_OK && i < sizeof CU_PARTS / sizeof CU_PARTS[0]; i++) {
+        if (out->cu.len && out->cu.data[out->cu.len - 1] != '\n')
+            sg_buf_puts(&out->cu, "\n");
+        sg_buf_printf(&out->cu, "#line 1 \"%s\"\n", CU_PARTS[i]);
+        st = expand_named(table, CU_PARTS[i], &vars, true, &out->cu, diag);
+    }
     if (st == SG_EXIT_OK) {
         symm_sha256_hex_of(out->cu.data, out->cu.len, out->source_sha256);
         char symbol[SG_NAME_MAX + 16];

@@ -93,8 +93,11 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", v->combine_pull ? 0 : (rank ? W * T : T * K) * 8, true);
     /* Layout expert: at a chain's head (a token's first row at a peer, which
      * alone crosses NVLink), the token's other rows there, which the
-     * receiver fills from it (templates/variant.cu.in, DEDUP). */
-    place(out, SYMM_REGION_RECV_CHAIN, "recv_chain", rank ? 0 : cap * (K - 1) * 4, true);
+     * receiver fills from it (templates/variant.cu.in, DEDUP); with
+     * combine_order rank also a group word a row (GROUPED), by which combine
+     * sums a token's rows where they are before one row goes back. */
+    const uint64_t chain_ints = v->combine_order == SYMM_COMBINE_ORDER_RANK ? K : K - 1;
+    place(out, SYMM_REGION_RECV_CHAIN, "recv_chain", rank ? 0 : cap * chain_ints * 4, true);
     /* combine = "pull": a place for y that the peers can read (the user may
      * put y anywhere else in the symmetric buffer too, recv_x included). */
     place(out, SYMM_REGION_Y, "y", v->combine_pull ? cap * H * celt : 0, true);

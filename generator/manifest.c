@@ -174,6 +174,7 @@ static void variant_members(json *j, const sg_variant *v, const sg_generated *g)
     str(j, "layout", sg_layout_name(v->layout));
     boolean(j, "weights", v->weights);
     str(j, "combine", v->combine_pull ? "pull" : "push");
+    str(j, "combine_order", v->combine_order == SYMM_COMBINE_ORDER_K ? "k" : "rank");
     num(j, "capacity", (long long)v->capacity);
     num(j, "worst_capacity", (long long)l.worst_capacity);
     num(j, "align", v->align);

@@ -44,6 +44,8 @@ typedef struct sg_variant {
     int sms;                /* SM budget of the kernels */
     bool combine_pull;      /* combine = "pull": each rank's combine reads the peers'
                              * rows of y, which then live in the symmetric buffer */
+    symm_combine_order combine_order; /* layout expert: partial sums per rank (default) or
+                             * the ascending-k sum of every (token, expert) row */
 } sg_variant;
 
 /* A loaded spec: its path as given and its variants in declaration order. */

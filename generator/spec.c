@@ -58,16 +58,16 @@
 
 enum field {
     F_NAME, F_HIDDEN, F_TOPK, F_EXPERTS, F_WORLD, F_MAX_TOKENS, F_DTYPE,
-    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COUNT
+    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COMBINE_ORDER, F_COUNT
 };
 
 static const char *const field_names[F_COUNT] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
-    "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine",
+    "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine", "combine_order",
 };
 
 #define ACCEPTED_FIELDS "name, hidden, topk, experts, world, max_tokens, dtype, " \
-                        "combine_dtype, layout, weights, capacity, align, sms, combine"
+                        "combine_dtype, layout, weights, capacity, align, sms, combine, combine_order"
 
 /* Integer fields and their ranges, checked one field at a time; the checks
  * that combine fields come after (check_combinations). */
@@ -93,6 +93,8 @@ static const struct int_rule {
 static const char *const dtype_names[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
 static const char *const layout_names[] = { "rank", "expert" };
 static const char *const combine_names[] = { "push", "pull" };
+/* Indexed by symm_combine_order. */
+static const char *const combine_order_names[] = { "rank", "k" };
 
 #define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
 
@@ -1647,6 +1649,11 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
     ok[F_COMBINE] = value_of(c, F_COMBINE)->kind == RAW_ABSENT ||
                     take_choice(c, F_COMBINE, combine_names, 2, &pull);
     v->combine_pull = pull == 1;
+
+    int order = SYMM_COMBINE_ORDER_RANK;
+    ok[F_COMBINE_ORDER] = value_of(c, F_COMBINE_ORDER)->kind == RAW_ABSENT ||
+                          take_choice(c, F_COMBINE_ORDER, combine_order_names, 2, &order);
+    v->combine_order = (symm_combine_order)order;
 }
 
 /* The largest max_tokens whose worst case fits both limits (0 if none). */
@@ -1712,6 +1719,10 @@ static void check_combinations(check *c, sg_variant *v, const bool *ok)
             got_expected(c, F_HIDDEN, "a multiple of %d for combine_dtype %s (rows of whole 16-byte vectors)",
                          cneed, sg_dtype_name(v->combine_dtype));
     }
+    if (ok[F_COMBINE_ORDER] && ok[F_LAYOUT] && v->layout == SYMM_LAYOUT_RANK &&
+        v->combine_order != SYMM_COMBINE_ORDER_RANK)
+        got_expected(c, F_COMBINE_ORDER, "\"rank\" (combine_order \"k\" applies only to layout \"expert\": "
+                     "layout rank sends one row per token and rank)");
     bool shape = ok[F_TOPK] && ok[F_EXPERTS] && ok[F_WORLD];
     if (ok[F_TOPK] && ok[F_EXPERTS] && v->topk > v->experts) {
         got_expected(c, F_TOPK, "1..%d (at most experts)", v->experts);

@@ -207,6 +207,9 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
     sg_vars_set(out, "WEIGHTS_INT", "%d", v->weights ? 1 : 0);
     sg_vars_set(out, "COMBINE_PULL", "%s", v->combine_pull ? "true" : "false");
     sg_vars_set(out, "COMBINE_PULL_INT", "%d", v->combine_pull ? 1 : 0);
+    sg_vars_set(out, "COMBINE_ORDER_K", "%s", v->combine_order == SYMM_COMBINE_ORDER_K ? "true" : "false");
+    sg_vars_set(out, "COMBINE_ORDER_ENUM", "%s",
+                v->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK");
     sg_vars_set(out, "Y_WHERE", "%s",
                 v->combine_pull ? "inside this variant's symmetric buffer\n"
                                   " * (combine = \"pull\": the peers read it there): symm_recv_buffers.y from\n"

@@ -64,6 +64,8 @@ static const struct {
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};
 static const char *const layout_names[] = {"rank", "expert"};
 static const char *const combine_names[] = {"push", "pull"};
+/* Indexed by symm_combine_order. */
+static const char *const combine_order_names[] = {"rank", "k"};
 
 typedef struct entry {
     symm_variant_desc desc;
@@ -233,7 +235,7 @@ static bool is_identifier(const char *s)
 typedef struct params {
     int64_t hidden, topk, experts, world, max_tokens, capacity, worst_capacity, align, sms;
     int64_t symmetric_bytes, scratch_bytes;
-    int dtype, combine_dtype, layout, weights, combine_pull;
+    int dtype, combine_dtype, layout, weights, combine_pull, combine_order;
 } params;
 
 static symm_status read_params(const reader *r, const symm_json *obj, params *p)
@@ -252,6 +254,11 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
     p->combine_pull = 0;
     if (symm_json_member(obj, "combine", NULL))
         SYMM_TRY(get_choice(r, obj, "combine", combine_names, 2, "", &p->combine_pull));
+    /* "combine_order" is "rank" unless given; the source's constant is
+     * checked against it at open, so a manifest of an older order is refused. */
+    p->combine_order = SYMM_COMBINE_ORDER_RANK;
+    if (symm_json_member(obj, "combine_order", NULL))
+        SYMM_TRY(get_choice(r, obj, "combine_order", combine_order_names, 2, "", &p->combine_order));
     SYMM_TRY(get_int(r, obj, "capacity", 1, INT32_MAX, &p->capacity));
     SYMM_TRY(get_int(r, obj, "worst_capacity", 1, INT32_MAX, &p->worst_capacity));
     SYMM_TRY(get_int(r, obj, "align", 1, 4096, &p->align));
@@ -444,6 +451,7 @@ static symm_status read_variant(reader *r, const symm_json *obj, size_t index, e
         .layout = (symm_layout)p.layout,
         .weights = p.weights,
         .combine_pull = p.combine_pull,
+        .combine_order = (symm_combine_order)p.combine_order,
         .align = (int)p.align,
         .sms = (int)p.sms,
         .capacity = p.capacity,
@@ -721,6 +729,8 @@ symm_status symm_desc_check_source(const symm_variant_desc *d)
                             d->layout == SYMM_LAYOUT_EXPERT ? "true" : "false", ";"));
     SYMM_TRY(check_constant(d, "constexpr bool WEIGHTS = ", "weights", d->weights ? "true" : "false", ";"));
     SYMM_TRY(check_constant(d, "constexpr bool COMBINE_PULL = ", "combine", d->combine_pull ? "true" : "false", ";"));
+    SYMM_TRY(check_constant(d, "constexpr bool COMBINE_ORDER_K = ", "combine_order",
+                            d->combine_order == SYMM_COMBINE_ORDER_K ? "true" : "false", ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->dtype);
     SYMM_TRY(check_constant(d, "constexpr Dtype DTYPE = ", "dtype", value, ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->combine_dtype);

@@ -460,14 +460,55 @@ static void store_row(void *base, int t, int hidden, symm_dtype dtype, const flo
     }
 }
 
-/* One token's output: acc = acc + v (layout rank) or fmaf(w, v, acc)
- * (layout expert), per element, in the order of d, from +0. */
+/* Round an fp32 value to the combine dtype and back (exact for fp32). */
+static float round_combine(float f, symm_dtype dtype)
+{
+    switch (dtype) {
+    case SYMM_DTYPE_BF16: return symm_bf16_to_f32(symm_f32_to_bf16(f));
+    case SYMM_DTYPE_FP16: return symm_f16_to_f32(symm_f32_to_f16(f));
+    default: return f;
+    }
+}
+
+/* Layout expert, combine_order rank: per rank p ascending that kept a row
+ * of the token, part = fmaf(w, v, part) over its rows in ascending k from
+ * +0, rounded to the combine dtype; acc = acc + part. d is in ascending k. */
+static void combine_token_by_rank(const plan *pl, const symm_ref_input *in, int t, const dest *d, int n,
+                                  const void *const *y, float *acc, float *row, float *part)
+{
+    const symm_ref_config *c = pl->cfg;
+    for (int p = 0; p < c->world; p++) {
+        int kept = 0;
+        for (int i = 0; i < n; i++) {
+            if (d[i].rank != p || d[i].row >= pl->capacity)
+                continue;
+            if (kept++ == 0)
+                for (int h = 0; h < c->hidden; h++)
+                    part[h] = 0.0f;
+            load_row(y[p], d[i].row, c->hidden, c->combine_dtype, row);
+            float w = c->weights ? in->topk_weights[(size_t)t * c->topk + d[i].k] : 1.0f;
+            for (int h = 0; h < c->hidden; h++)
+                part[h] = fmaf(w, row[h], part[h]);
+        }
+        if (kept)
+            for (int h = 0; h < c->hidden; h++)
+                acc[h] = acc[h] + round_combine(part[h], c->combine_dtype);
+    }
+}
+
+/* One token's output, from +0: layout rank acc = acc + v over the ranks in
+ * the order of d; layout expert acc = fmaf(w, v, acc) in the order of d
+ * (combine_order k) or by rank (above). */
 static void combine_token(const plan *pl, const symm_ref_input *in, int t, const dest *d, int n,
-                          const void *const *y, float *acc, float *row)
+                          const void *const *y, float *acc, float *row, float *part)
 {
     const symm_ref_config *c = pl->cfg;
     for (int h = 0; h < c->hidden; h++)
         acc[h] = 0.0f;
+    if (c->layout == SYMM_LAYOUT_EXPERT && c->combine_order == SYMM_COMBINE_ORDER_RANK) {
+        combine_token_by_rank(pl, in, t, d, n, y, acc, row, part);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         if (d[i].row >= pl->capacity)
             continue;
@@ -531,16 +572,16 @@ static symm_status combine_all(plan *pl, const symm_ref_input *in, const void *c
                                void *const *out)
 {
     const symm_ref_config *c = pl->cfg;
-    float *acc = malloc(2 * (size_t)c->hidden * sizeof *acc);
+    float *acc = malloc(3 * (size_t)c->hidden * sizeof *acc);
     if (!acc)
         return symm_fail(SYMM_ERR_NOMEM, "symm_ref_combine: cannot allocate %d floats",
-                         2 * c->hidden);
+                         3 * c->hidden);
     dest d[SYMM_REF_MAX_TOPK];
     for (int s = 0; s < c->world; s++) {
         for (int t = 0; t < in[s].tokens; t++) {
             const int32_t *row = topk_row(&in[s], t, c->topk);
             int n = route_token(pl, row, valid_mask(row, c->topk, c->experts), d);
-            combine_token(pl, &in[s], t, d, n, y, acc, acc + c->hidden);
+            combine_token(pl, &in[s], t, d, n, y, acc, acc + c->hidden, acc + 2 * (size_t)c->hidden);
             store_row(out[s], t, c->hidden, c->combine_dtype, acc);
         }
     }

@@ -99,6 +99,11 @@ static symm_status check_shape(const symm_ref_config *c)
         return CONFIG_FAIL("align %d: expected 1 for layout rank", c->align);
     if (c->align < 1 || c->align > SYMM_REF_MAX_ALIGN)
         return CONFIG_FAIL("align %d: expected 1..%d", c->align, SYMM_REF_MAX_ALIGN);
+    if (c->combine_order != SYMM_COMBINE_ORDER_RANK && c->combine_order != SYMM_COMBINE_ORDER_K)
+        return CONFIG_FAIL("combine_order %d: expected rank (%d) or k (%d)", (int)c->combine_order,
+                           SYMM_COMBINE_ORDER_RANK, SYMM_COMBINE_ORDER_K);
+    if (c->layout == SYMM_LAYOUT_RANK && c->combine_order != SYMM_COMBINE_ORDER_RANK)
+        return CONFIG_FAIL("combine_order k: expected rank (%d) for layout rank", SYMM_COMBINE_ORDER_RANK);
     return SYMM_OK;
 }
 

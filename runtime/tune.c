@@ -25,6 +25,7 @@ static const struct knob {
     {"PROFILE", 0, 1},     /* 1: the kernels record phase times (symm_variant_profile_read) */
     {"PDL", 0, 1},         /* 1: dispatch and combine launched as programmatic dependents (default 1) */
     {"DEDUP", 0, 1},       /* dispatch, layout expert: 1: a token's row goes to each peer once (default 1) */
+    {"PUSH_PARTIALS", 0, 1}, /* combine, layout expert by rank: 1: a peer pushes one partial sum per token */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

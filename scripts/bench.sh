@@ -2,10 +2,12 @@
 # bench.sh: what `make bench` runs on a GPU host. Generates specs/bench.lua,
 # measures the JIT on a full variant (bench/jit_bench.c: NVRTC cold compile,
 # warm process, cache miss, cache hit; with NVRTC's own cache on and off),
-# then runs bench/moe_bench through symmrun on 2 GPUs, one rank per GPU: our
-# native backend, our NCCL backend, raw NCCL and the copy-engine ceiling,
-# side by side; last, bench/link_probe on the same GPUs: what an SM moves
-# pushing, pulling and locally (bench/NOTES.md 42).
+# then runs bench/moe_bench through symmrun at the world the host has (every
+# GPU, one rank per GPU; specs/bench.lua is written for world 2 and is
+# generated with -D world=N otherwise): our native backend, our NCCL
+# backend, raw NCCL and the copy-engine ceiling, side by side; last,
+# bench/link_probe on the same GPUs: what an SM moves pushing, pulling and
+# locally (bench/NOTES.md 42).
 #
 # Results go to bench/out/ (or $BENCH_OUT), three files so that a lent
 # device machine (at most 8 files come back from $OUT) brings them all back:
@@ -22,7 +24,8 @@
 # environment:
 #   SYMM_BUILD_DIR  the build directory (bin/symmgen, bin/symmrun, bench/*); default build
 #   BENCH_OUT       where the results go (default bench/out)
-#   BENCH_GPUS      device ordinals of the 2 ranks (default 0,1)
+#   BENCH_WORLD     ranks, one per GPU (default: every GPU of the host, at most 8)
+#   BENCH_GPUS      device ordinals of the ranks (default 0,1,...,BENCH_WORLD-1)
 #   BENCH_MACHINE   the machine, for RESULTS.md (default: the GPUs nvidia-smi names)
 #   BENCH_COMMIT    the commit, for RESULTS.md (default: git rev-parse --short HEAD)
 #   BENCH_TIMEOUT   seconds moe_bench may run (default 360)
@@ -45,8 +48,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     exit 0
 fi
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
-if [ "$ngpu" -lt 2 ]; then
-    note "needs 2 GPUs (one rank per GPU; ranks sharing a GPU are time-sliced), found $ngpu"
+world=${BENCH_WORLD:-$((ngpu < 8 ? ngpu : 8))}
+if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" ]; then
+    note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (ranks sharing a GPU are time-sliced; found $ngpu GPUs)"
     exit 1
 fi
 for bin in bin/symmgen bin/symmrun bench/moe_bench bench/jit_bench bench/link_probe; do
@@ -84,8 +88,11 @@ fi
     nvidia-smi topo -m 2>/dev/null
 } > "$log"
 
-note "generating $spec into $gen" | tee -a "$log"
-if ! "$build/bin/symmgen" -q -o "$gen" "$spec" 2>&1 | tee -a "$log"; then
+# The bench variants at this world (the spec says world 2).
+world_args=()
+[ "$world" -ne 2 ] && world_args=(-D "world=$world")
+note "generating $spec into $gen (world $world)" | tee -a "$log"
+if ! "$build/bin/symmgen" -q "${world_args[@]}" -o "$gen" "$spec" 2>&1 | tee -a "$log"; then
     note "symmgen failed on $spec" | tee -a "$log"
     exit 1
 fi
@@ -111,9 +118,9 @@ if [ -f "$gen/bench_dsv3_prefill_pull.cu" ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || jit_rc=1
 fi
 
-gpus=${BENCH_GPUS:-0,1}
-note "moe_bench on GPUs $gpus (at most $limit s)" | tee -a "$log"
-timeout -k 10 "$limit" "$build/bin/symmrun" -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
+gpus=${BENCH_GPUS:-$(seq -s, 0 $((world - 1)))}
+note "moe_bench at world $world on GPUs $gpus (at most $limit s)" | tee -a "$log"
+timeout -k 10 "$limit" "$build/bin/symmrun" -n "$world" --gpus "$gpus" -- "$build/bench/moe_bench" \
     --manifest "$gen/manifest.json" --csv "$csv" --markdown "$tables" "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && note "moe_bench ran out of time (BENCH_TIMEOUT=$limit s)" | tee -a "$log"
@@ -123,7 +130,7 @@ rc=${PIPESTATUS[0]}
 probe_args=()
 [[ " $* " == *" --shared-gpu "* ]] && probe_args+=(--shared-gpu)
 note "link_probe on GPUs $gpus" | tee -a "$log"
-timeout -k 10 120 "$build/bin/symmrun" -n 2 --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,64 \
+timeout -k 10 120 "$build/bin/symmrun" -n "$world" --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,64 \
     --reps 20 "${probe_args[@]}" 2>&1 | sed 's/^\[0\] //' | tee "$probelog" | tee -a "$log"
 probe_rc=${PIPESTATUS[0]}
 
@@ -138,7 +145,7 @@ fi
 
 # The entry for bench/RESULTS.md: when, where, which commit, the tables.
 {
-    echo "### $(date -u '+%Y-%m-%d %H:%M UTC'): $machine (driver $driver), commit $commit"
+    echo "### $(date -u '+%Y-%m-%d %H:%M UTC'): $machine (driver $driver), world $world, commit $commit"
     echo
     echo "\`scripts/bench.sh $*\`: moe_bench exit status $rc$([ "$rc" -eq 0 ] || echo ' (see the FAIL rows and bench.log)')."
     echo

@@ -6,6 +6,7 @@
 #        check, models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
+#        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
 #        each path, bench/NOTES.md 42),
 #        python (the PyTorch package installed offline into python3, the one
@@ -58,6 +59,14 @@ for s in "$@"; do
             step "$t-n2" 120 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/$t" --jobs 1
             step "$t-n4" 180 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/$t" --jobs 1
         done ;;
+    partials) # layout expert's partial sums pushed whole (default only above max_tokens 512)
+        step check-w2-partials 240 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20
+        step sanitizer-memcheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+            --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+        step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+            --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
     check-quick) step check-w2-quick 240 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20 ;;
     check) step check-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --time 20 ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
@@ -71,7 +80,7 @@ for s in "$@"; do
             step sanitizer-$tool 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
                 --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2 \
-                --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2
+                --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2 --variant bf16_expert_order_k_w2
         done ;;
     variant)
         for n in 2 4; do
@@ -136,7 +145,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

@@ -12,7 +12,9 @@
 --   (e) sweep     bench_dsv3_sweep            T = 128 .. 8192 (max_tokens 8192)
 --   (f) SMs       bench_dsv3_prefill_smsN     (a) at sms 8, 16, 32, 48, 64
 --                                             (24 is (a) itself)
---   (g) expert    bench_dsv3_*_expert         (a) and (b) with layout expert
+--   (g) expert    bench_dsv3_*_expert         (a) and (b) with layout expert (g.k: *_expert_k,
+--                                             combine_order = "k")
+--   (i) fp8       bench_dsv3_*_fp8            (a), (b) and (g) with fp8_e4m3 dispatch
 --   (p) pull      bench_dsv3_*_pull           (a), (b), (f) at 8 and 16 SMs and (g)
 --                                             with combine = "pull" (bench/NOTES.md 46)
 --
@@ -54,6 +56,18 @@ end
 -- differs from (a) and (b).
 layout(bench("bench_dsv3_prefill_expert", dsv3, { max_tokens = PREFILL, layout = "expert" }))
 layout(bench("bench_dsv3_decode_expert", dsv3, { max_tokens = DECODE, layout = "expert" }))
+-- (g.k) the same with combine_order = "k": every (token, expert) row goes
+-- back and the source sums them in ascending k (the order before partial
+-- sums per rank became the default).
+layout(bench("bench_dsv3_prefill_expert_k", dsv3, { max_tokens = PREFILL, layout = "expert", combine_order = "k" }))
+layout(bench("bench_dsv3_decode_expert_k", dsv3, { max_tokens = DECODE, layout = "expert", combine_order = "k" }))
+
+-- (i) fp8_e4m3 dispatch (one float scale per 128 elements) with bf16
+-- combine, the form DeepSeek-V3 trains and serves with.
+layout(bench("bench_dsv3_prefill_fp8", dsv3, { max_tokens = PREFILL, dtype = "fp8_e4m3" }))
+layout(bench("bench_dsv3_decode_fp8", dsv3, { max_tokens = DECODE, dtype = "fp8_e4m3" }))
+layout(bench("bench_dsv3_prefill_expert_fp8", dsv3, { max_tokens = PREFILL, layout = "expert", dtype = "fp8_e4m3" }))
+layout(bench("bench_dsv3_decode_expert_fp8", dsv3, { max_tokens = DECODE, layout = "expert", dtype = "fp8_e4m3" }))
 
 -- combine = "pull": each rank's combine reads its peers' rows of y (y in the
 -- symmetric buffer) instead of the peers pushing them back, so an SM stores

@@ -38,6 +38,9 @@ for _, w in ipairs({ 2, 4 }) do
 
   -- layout expert: one copy per (token, expert), packed expert-major.
   layout(with(small, { name = "bf16_expert" .. s, world = w, layout = "expert", weights = false }))
+  -- combine_order = "k": the ascending-k sum of every (token, expert) row,
+  -- which travels back whole (the default sums per rank first).
+  layout(with(mid, { name = "bf16_expert_order_k" .. s, world = w, layout = "expert", combine_order = "k" }))
   layout(with(mid, { name = "fp8_expert_a128" .. s, world = w, dtype = "fp8_e4m3",
                      combine_dtype = "fp16", layout = "expert", align = 128 }))
 

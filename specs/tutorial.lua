@@ -34,8 +34,11 @@
 --                            rank, ordered by source rank then token;
 --                   "expert" one copy per (token, chosen expert), packed
 --                            expert by expert: the input of a grouped GEMM.
---   weights       whether dispatch carries the top-k weights and combine
---                 applies them (default true).
+--   weights       whether dispatch carries the top-k weights (default true).
+--                 Layout "expert": combine applies them (w * y). Layout
+--                 "rank": every received row carries its token's weights for
+--                 its local experts, the experts apply them, and combine
+--                 sums the rows as they come back.
 --   capacity      rows each rank can receive. Default: the worst case, so
 --                 nothing can ever overflow (see the trade-off below).
 --   align         layout "expert" only: each expert's segment starts at a
@@ -48,12 +51,27 @@
 --                   "pull" each rank reads its tokens' rows from its peers'
 --                          y, storing half as much (bench/NOTES.md 46), so y
 --                          must lie in the variant's symmetric buffer.
+--   combine_order layout "expert" only: the fixed order of combine's sums.
+--                   "rank" (default) each rank that holds rows of a token
+--                          first sums them, w * y in ascending k in fp32,
+--                          rounded once to combine_dtype; the token's
+--                          output is the sum of those parts in ascending
+--                          rank, in fp32, rounded once. Only one row per
+--                          (token, rank) crosses NVLink back, as in layout
+--                          "rank" (at prefill, 1.7x faster than "k" on two
+--                          H200s, bench/NOTES.md 50).
+--                   "k"    the sum of w * y over the token's experts in
+--                          ascending k, in fp32, rounded once: no
+--                          intermediate rounding, but every (token, expert)
+--                          row travels back.
+--                 Both are bitwise reproducible; they differ in the last
+--                 bits because "rank" rounds each part.
 --
 -- A mistake is reported with the file, the line of the layout call, the
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:69: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:87: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --

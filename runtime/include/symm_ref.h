@@ -24,10 +24,14 @@
  * numbered in order, the dropped rows are always the last ones.
  *
  * Combine accumulates in fp32 and rounds once to combine_dtype. Layout rank:
- * acc = acc + y_p[row] over p in D(t) ascending. Layout expert:
- * acc = fmaf(w[t,k], y[row(t,k)], acc) over valid k ascending (w = 1 without
- * weights). Both start from acc = 0.0f; dropped rows contribute nothing, and
- * a token that went nowhere gets +0. */
+ * acc = acc + y_p[row] over p in D(t) ascending. Layout expert with
+ * combine_order rank (the default): for each rank p ascending that kept a
+ * row of t, part = fmaf(w[t,k], y_p[row(t,k)], part) over its k ascending
+ * from part = 0.0f, rounded once to combine_dtype (the one row p sends
+ * back), then acc = acc + part. Layout expert with combine_order k:
+ * acc = fmaf(w[t,k], y[row(t,k)], acc) over valid k ascending. w = 1 without
+ * weights. Every form starts from acc = 0.0f; dropped rows contribute
+ * nothing, and a token that went nowhere gets +0. */
 #ifndef SYMM_REF_H
 #define SYMM_REF_H
 
@@ -57,6 +61,8 @@ typedef struct symm_ref_config {
     int weights;               /* 0/1: carry top-k weights */
     int64_t capacity;          /* rows per rank; 0 = worst case */
     int align;                 /* layout expert; >= 1 (must be 1 for layout rank) */
+    symm_combine_order combine_order; /* layout expert: RANK (0, the default) or K;
+                                         layout rank: RANK only */
 } symm_ref_config;
 
 /* Receive rows per rank that can never overflow: W * max_tokens for layout

@@ -19,6 +19,19 @@ typedef enum symm_layout {
     SYMM_LAYOUT_EXPERT = 1, /* one copy per (token, k), expert-major segments */
 } symm_layout;
 
+/* Layout expert: the order in which combine sums a token's rows.
+ * RANK (the default): each rank p that received rows of token t first forms
+ * P_p(t) = sum over the k whose expert lives on p, ascending k, of
+ * w[t,k] * y[row(t,k)] in fp32, rounded once to the combine dtype, and sends
+ * that one row; the source returns sum over p ascending of P_p(t) in fp32,
+ * rounded once. K: sum over the valid k, ascending, of w[t,k] * y[row(t,k)]
+ * in fp32, rounded once: every (token, expert) row travels back. Layout rank
+ * has only RANK (one row per token and rank, no weights applied). */
+typedef enum symm_combine_order {
+    SYMM_COMBINE_ORDER_RANK = 0,
+    SYMM_COMBINE_ORDER_K = 1,
+} symm_combine_order;
+
 /* Bytes per element of a dtype (1, 2 or 4); 0 for an unknown value. */
 static inline int symm_dtype_size(symm_dtype d)
 {

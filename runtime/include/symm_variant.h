@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 /* Version of symm_variant_desc; a stub built for another version is refused. */
-#define SYMM_DESC_ABI 3
+#define SYMM_DESC_ABI 4
 
 typedef struct symm_region_desc {
     uint64_t offset; /* from the start of the symmetric buffer or of the scratch */
@@ -70,6 +70,7 @@ typedef struct symm_variant_desc {
     int weights, align, sms;
     int combine_pull;           /* combine = "pull": combine reads the peers' y, which
                                    must lie in the variant's symmetric buffer */
+    symm_combine_order combine_order; /* layout expert: how combine sums (symm_types.h) */
     int64_t capacity, worst_capacity;
     uint64_t symmetric_bytes;   /* per rank, before rounding to the VMM granularity */
     uint64_t scratch_bytes;     /* per rank, local device memory */
@@ -133,7 +134,16 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
  * combine = "pull" (desc->combine_pull) reads its peers' y where they are:
  * y must then lie, all capacity rows of it, inside the variant's symmetric
  * buffer (symm_recv_buffers.y, or recv_x), else SYMM_ERR_INVALID_ARG names
- * it; ranks may put it at different places there. */
+ * it; ranks may put it at different places there.
+ * Layout rank: out[t] = sum over the ranks p that received t, ascending p,
+ * of y_p[row], in fp32, rounded once. Layout expert, desc->combine_order
+ * RANK (the default): out[t] = sum over ranks p ascending of P_p(t), where
+ * P_p(t) = sum over t's k whose expert lives on p, ascending k, of
+ * w[t,k] * y_p[row(t,k)] in fp32, rounded once to the combine dtype (the
+ * one row p sends back); the outer sum in fp32, rounded once. Combine
+ * order K: sum over the valid k ascending of w[t,k] * y[row(t,k)] in fp32,
+ * rounded once (every (token, expert) row comes back). w = 1 without
+ * weights; symm_ref.h gives the exact operations. */
 symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 
 /* Where the results of the last dispatch live (device pointers owned by the

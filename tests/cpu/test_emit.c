@@ -322,10 +322,20 @@ static const char fixture_c[] =
     "{{CUDA_SOURCE}}\n"
     "const size_t {{NAME}}_len = {{CUDA_SOURCE_LEN}};\n"
     "const char {{NAME}}_sha[] = \"{{SOURCE_SHA256}}\";\n";
+/* The parts that follow variant.cu.in (generator/emit.c, CU_PARTS). */
+#define FIXTURE_PART(name) "__global__ void " name "_{{NAME}}() {}\n"
+static const char part_primitives[] = FIXTURE_PART("primitives"), part_routing[] = FIXTURE_PART("routing"),
+                  part_dispatch[] = FIXTURE_PART("dispatch"), part_combine[] = FIXTURE_PART("combine"),
+                  part_nccl[] = FIXTURE_PART("nccl");
 static const sg_template fixture_table[] = {
     {"templates/variant.cu.in", fixture_cu, sizeof fixture_cu - 1},
     {"templates/variant.h.in", fixture_h, sizeof fixture_h - 1},
     {"templates/variant.c.in", fixture_c, sizeof fixture_c - 1},
+    {"templates/cu/primitives.cu.in", part_primitives, sizeof part_primitives - 1},
+    {"templates/cu/routing.cu.in", part_routing, sizeof part_routing - 1},
+    {"templates/cu/dispatch.cu.in", part_dispatch, sizeof part_dispatch - 1},
+    {"templates/cu/combine.cu.in", part_combine, sizeof part_combine - 1},
+    {"templates/cu/nccl.cu.in", part_nccl, sizeof part_nccl - 1},
     {NULL, NULL, 0},
 };
 
@@ -353,6 +363,15 @@ Test(generate, header_hashes_and_embedded_source_agree)
     cr_assert(strstr(g.cu.data, line), "header lacks %s", line);
     cr_assert(strstr(g.cu.data, " */\n#line 2 \"templates/variant.cu.in\"\nconstexpr int HIDDEN"),
               "no #line after the header:\n%s", g.cu.data);
+    /* The parts follow in their order, each after a #line naming it. */
+    const char *at = g.cu.data;
+    static const char *const parts[] = {"primitives", "routing", "dispatch", "combine", "nccl"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        FMT(want, "#line 1 \"templates/cu/%s.cu.in\"\n__global__ void %s_%s() {}\n", parts[i], parts[i], v.name);
+        const char *found = strstr(at, want);
+        cr_assert(found, "part %s missing or out of order:\n%s", parts[i], g.cu.data);
+        at = found + strlen(want);
+    }
 
     char hex[SYMM_SHA256_HEX_SIZE];
     symm_sha256_hex_of(g.cu.data, g.cu.len, hex);
@@ -393,13 +412,28 @@ Test(generate, missing_template_is_an_internal_error)
 {
     sg_variant v;
     random_variant(&v, 2);
-    const sg_template partial[] = {fixture_table[0], fixture_table[2], {NULL, NULL, 0}};
+    /* Everything but variant.h.in. */
+    sg_template partial[(sizeof fixture_table / sizeof fixture_table[0])];
+    size_t n = 0;
+    for (size_t i = 0; i < (sizeof fixture_table / sizeof fixture_table[0]); i++)
+        if (!fixture_table[i].name || strcmp(fixture_table[i].name, "templates/variant.h.in") != 0)
+            partial[n++] = fixture_table[i];
     sg_generated g;
     sg_diag diag = {0};
     cr_assert_eq(sg_generate_variant(partial, &v, "s.lua", &g, &diag), SG_EXIT_INTERNAL);
     cr_assert(diag.count >= 1 && strstr(diag.messages[0], "internal error: template templates/variant.h.in"),
               "%s", diag.count ? diag.messages[0] : "(no message)");
     sg_diag_free(&diag);
+    /* A part of the CUDA source missing too. */
+    n = 0;
+    for (size_t i = 0; i < (sizeof fixture_table / sizeof fixture_table[0]); i++)
+        if (!fixture_table[i].name || strcmp(fixture_table[i].name, "templates/cu/combine.cu.in") != 0)
+            partial[n++] = fixture_table[i];
+    sg_diag diag2 = {0};
+    cr_assert_eq(sg_generate_variant(partial, &v, "s.lua", &g, &diag2), SG_EXIT_INTERNAL);
+    cr_assert(diag2.count >= 1 && strstr(diag2.messages[0], "internal error: template templates/cu/combine.cu.in"),
+              "%s", diag2.count ? diag2.messages[0] : "(no message)");
+    sg_diag_free(&diag2);
 }
 
 Test(generate, same_variant_gives_identical_bytes)

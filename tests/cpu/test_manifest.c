@@ -27,7 +27,7 @@
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "7fea4ab4aaf55c4d6ff5567a36a1d66c3b2e6319facbf40f387052b7baadcb30"
+#define RANK_SHA "bc4c7afa3d04791e81a4e9a3a8cef4b5ab3c52bf232018634a9f4c25df1dcf79"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -218,7 +218,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "21aa135e4c6b004dd56db53ab8a8b5819b273bb2b600b85dc0b4c35fae644cb6");
+                  "eb7913529517f48e1b7c21057cb8f4e3e2eef06ab2790df5580e0b92e13b5846");
     symm_manifest_close(m);
 }
 
@@ -250,6 +250,49 @@ Test(manifest, combine_is_read_and_a_manifest_without_it_pushes)
         cr_assert(rank->combine_pull == cases[i].rank && expert->combine_pull == cases[i].expert,
                   "case %zu (%s): combine_pull %d and %d, expected %d and %d", i, cases[i].to, rank->combine_pull,
                   expert->combine_pull, cases[i].rank, cases[i].expert);
+        symm_manifest_close(m);
+        free(edited);
+    }
+    free(text);
+    wf_rmtree(s.dir);
+}
+
+/* "combine_order": "k" or "rank"; a manifest without it reads as rank.
+ * The fixture's tiny_expert_fp8 says k (and its source agrees). */
+Test(manifest, combine_order_is_read_and_a_manifest_without_it_sums_by_rank)
+{
+    char *text = slurp(FIXTURE, NULL);
+    static const struct {
+        const char *from, *to;
+        symm_combine_order expert;
+        const char *error; /* NULL: opens */
+    } cases[] = {
+        {"\"combine_order\": \"k\"", "\"combine_order\": \"k\"", SYMM_COMBINE_ORDER_K, NULL},
+        {"\"combine_order\": \"k\"", "\"combine_order\": \"rank\"", SYMM_COMBINE_ORDER_RANK, NULL},
+        {"      \"combine_order\": \"k\",\n", "", SYMM_COMBINE_ORDER_RANK, NULL},
+        {"\"combine_order\": \"k\"", "\"combine_order\": \"token\"", SYMM_COMBINE_ORDER_K,
+         "field combine_order: got \"token\", expected rank or k"},
+    };
+    scratch s;
+    scratch_make(&s);
+    for (size_t i = 0; i < SYMM_ARRAY_LEN(cases); i++) {
+        char *edited = replace_once(text, cases[i].from, cases[i].to);
+        scratch_write(&s, edited);
+        symm_manifest *m;
+        symm_status st = symm_manifest_open(s.manifest, &m);
+        if (cases[i].error) {
+            cr_assert(st != SYMM_OK && strstr(symm_last_error(), cases[i].error), "case %zu: %s: %s", i,
+                      symm_status_name(st), symm_last_error());
+            free(edited);
+            continue;
+        }
+        cr_assert_eq(st, SYMM_OK, "case %zu: %s", i, symm_last_error());
+        const symm_variant_desc *rank, *expert;
+        cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &rank), SYMM_OK, "%s", symm_last_error());
+        cr_assert_eq(symm_manifest_variant(m, "tiny_expert_fp8", &expert), SYMM_OK, "%s", symm_last_error());
+        cr_assert(rank->combine_order == SYMM_COMBINE_ORDER_RANK && expert->combine_order == cases[i].expert,
+                  "case %zu: combine_order %d and %d, expected 0 and %d", i, rank->combine_order,
+                  expert->combine_order, cases[i].expert);
         symm_manifest_close(m);
         free(edited);
     }
@@ -387,6 +430,7 @@ static void random_variant(uint64_t *rng, int index, sg_variant *v)
     v->capacity_set = true;
     v->sms = 1 + (int)below(rng, 132);
     v->combine_pull = below(rng, 2);
+    v->combine_order = v->layout == SYMM_LAYOUT_EXPERT && below(rng, 2) ? SYMM_COMBINE_ORDER_K : SYMM_COMBINE_ORDER_RANK;
 }
 
 /* Source text of random printable characters and newlines (never NUL). */
@@ -462,7 +506,8 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
             {SYMM_REGION_COMBINE_IN, pull ? 0 : slots * H * celt},
             {SYMM_REGION_COMBINE_FLAGS, pull ? 0 : slots * 8},
             {SYMM_REGION_Y, pull ? cap * H * celt : 0},
-            {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (K - 1) * 4},
+            /* The chain lists, then with combine_order rank a group word a row. */
+            {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (v.combine_order == SYMM_COMBINE_ORDER_K ? K - 1 : K) * 4},
             {SYMM_REGION_EXPERT_COUNT, (uint64_t)(v.experts / v.world) * 4},
         };
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
@@ -695,8 +740,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"7fea", "\"source_sha256\": \"7FEA",
-         "variant tiny_rank: field source_sha256: got \"7FEA4ab4aaf55c4d6ff5567a36a1d66c3b2e6319\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"bc4c", "\"source_sha256\": \"BC4C",
+         "variant tiny_rank: field source_sha256: got \"BC4C7afa3d04791e81a4e9a3a8cef4b5ab3c52bf\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1193,8 +1238,10 @@ static void expect_stub_matches(const symm_variant_desc *d, const char *stub)
                    ".max_tokens = %d,", d->hidden, d->topk, d->experts, d->world, d->max_tokens);
     expect_in_stub(stub, n, ".dtype = %s,\n    .combine_dtype = %s,\n    .layout = %s,", dtype_enum[d->dtype],
                    dtype_enum[d->combine_dtype], d->layout == SYMM_LAYOUT_RANK ? "SYMM_LAYOUT_RANK" : "SYMM_LAYOUT_EXPERT");
-    expect_in_stub(stub, n, ".weights = %d,\n    .combine_pull = %d,\n    .align = %d,\n    .sms = %d,", d->weights,
-                   d->combine_pull, d->align, d->sms);
+    expect_in_stub(stub, n, ".weights = %d,\n    .combine_pull = %d,\n    .combine_order = %s,\n    .align = %d,\n    .sms = %d,",
+                   d->weights, d->combine_pull,
+                   d->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK", d->align,
+                   d->sms);
     expect_in_stub(stub, n, ".capacity = %lld,\n    .worst_capacity = %lld,", (long long)d->capacity,
                    (long long)d->worst_capacity);
     expect_in_stub(stub, n, ".symmetric_bytes = %lluu,\n    .scratch_bytes = %lluu,",

@@ -287,6 +287,8 @@ static symm_ref_config random_config(void)
     c.layout = (symm_layout)rnd(2);
     c.weights = rnd(2);
     c.align = c.layout == SYMM_LAYOUT_EXPERT ? aligns[rnd(6)] : 1;
+    c.combine_order = c.layout == SYMM_LAYOUT_EXPERT && chance(50) ? SYMM_COMBINE_ORDER_K
+                                                                   : SYMM_COMBINE_ORDER_RANK;
     return c;
 }
 
@@ -672,7 +674,9 @@ static void combine_free(const tworld *w, tcombine *cb)
 }
 
 /* What combine must give, found through the rows' src alone: per token, the
- * rows that hold it, in rank order (layout rank) or k order (layout expert). */
+ * rows that hold it, in rank order (layout rank), k order (layout expert,
+ * combine_order k), or per rank ascending a partial sum over its rows in k
+ * order, rounded to the combine dtype (layout expert, combine_order rank). */
 static void expected_combine(const tworld *w, tcombine *cb)
 {
     const symm_ref_config *c = &w->cfg;
@@ -693,11 +697,33 @@ static void expected_combine(const tworld *w, tcombine *cb)
             rank_of[i] = p;
         }
     float *acc = malloc((size_t)H * sizeof *acc);
+    float *part = malloc((size_t)H * sizeof *part);
+    const bool by_rank = c->layout == SYMM_LAYOUT_EXPERT && c->combine_order == SYMM_COMBINE_ORDER_RANK;
     for (int s = 0; s < c->world; s++)
         for (int t = 0; t < w->in[s].tokens; t++) {
             for (int h = 0; h < H; h++)
                 acc[h] = 0.0f;
-            for (int slot = 0; slot < slots; slot++) {
+            for (int p = 0; by_rank && p < c->world; p++) {
+                bool any = false;
+                for (int h = 0; h < H; h++)
+                    part[h] = 0.0f;
+                for (int slot = 0; slot < slots; slot++) {
+                    size_t i = ((size_t)s * (c->max_tokens + 1) + t) * slots + slot;
+                    if (row_of[i] < 0 || rank_of[i] != p)
+                        continue;
+                    any = true;
+                    float wt = c->weights ? w->tw[s][(size_t)t * K + slot] : 1.0f;
+                    for (int h = 0; h < H; h++)
+                        part[h] = fmaf(wt, load_value(c->combine_dtype, cb->y[p], (size_t)row_of[i] * H + h),
+                                       part[h]);
+                }
+                /* The partial sum travels in the combine dtype. */
+                for (int h = 0; any && h < H; h++) {
+                    store_value(c->combine_dtype, cb->want[s], (size_t)t * H + h, part[h]);
+                    acc[h] = acc[h] + load_value(c->combine_dtype, cb->want[s], (size_t)t * H + h);
+                }
+            }
+            for (int slot = 0; !by_rank && slot < slots; slot++) {
                 size_t i = ((size_t)s * (c->max_tokens + 1) + t) * slots + slot;
                 if (row_of[i] < 0)
                     continue;
@@ -712,6 +738,7 @@ static void expected_combine(const tworld *w, tcombine *cb)
                 store_value(c->combine_dtype, cb->want[s], (size_t)t * H + h, acc[h]);
         }
     free(acc);
+    free(part);
     free(row_of);
     free(rank_of);
 }
@@ -786,7 +813,7 @@ static symm_ref_config hand_config(symm_layout layout, symm_dtype dtype, int hid
 {
     return (symm_ref_config){ .hidden = hidden, .topk = 2, .experts = 4, .world = 2, .max_tokens = 3,
                               .dtype = dtype, .combine_dtype = dtype, .layout = layout, .weights = 1,
-                              .capacity = capacity, .align = align };
+                              .capacity = capacity, .align = align, .combine_order = SYMM_COMBINE_ORDER_RANK };
 }
 
 /* One expected row of layout rank: wk[k] is the k of the source weight
@@ -961,6 +988,7 @@ Test(combine, expert_layout_hand_worked_weighted_sum_in_k_order)
 {
     tworld w;
     symm_ref_config cfg = hand_config(SYMM_LAYOUT_EXPERT, SYMM_DTYPE_BF16, 16, 4, 0);
+    cfg.combine_order = SYMM_COMBINE_ORDER_K;
     world_from_rows(&w, &cfg, HAND_TOKENS, HAND_ROWS);
     CHECK(world_dispatch(&w) == SYMM_OK, "dispatch: %s", symm_last_error());
     tcombine cb = { 0 };
@@ -979,6 +1007,61 @@ Test(combine, expert_layout_hand_worked_weighted_sum_in_k_order)
                 memcpy(&got, (uint16_t *)cb.out[s] + t * 16 + h, 2);
                 CHECK(got == want, "token %d of rank %d [%d]: 0x%04x, expected 0x%04x", t, s, h, got, want);
             }
+    for (int p = 0; p < 2; p++)
+        cb.y[p] = NULL;
+    combine_free(&w, &cb);
+    world_free(&w);
+}
+
+/* combine_order rank: each rank's rows of a token are summed there in k
+ * order and rounded to bf16, then the ranks' sums in rank order. Rank 0's
+ * token 0 has k 0 on rank 0 and k 1 on rank 1 (two roundings before the
+ * last); its token 2 has both k on rank 0 (one partial sum); rank 1's token
+ * 0 has k 1 on rank 0 and k 0 on rank 1: rank 0's part comes first
+ * although its k is larger. */
+Test(combine, expert_layout_hand_worked_partial_sums_in_rank_order)
+{
+    tworld w;
+    symm_ref_config cfg = hand_config(SYMM_LAYOUT_EXPERT, SYMM_DTYPE_BF16, 16, 4, 0);
+    world_from_rows(&w, &cfg, HAND_TOKENS, HAND_ROWS);
+    /* Values whose sums round, so that the two orders differ. */
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < HAND_TOKENS[s] * 16; i++) {
+            store_value(SYMM_DTYPE_BF16, w.x[s], (size_t)i, rough_value());
+            if (i < HAND_TOKENS[s] * 2)
+                w.tw[s][i] = rough_value() * 0.5f;
+        }
+    CHECK(world_dispatch(&w) == SYMM_OK, "dispatch: %s", symm_last_error());
+    tcombine cb = { 0 };
+    for (int p = 0; p < 2; p++)
+        cb.y[p] = w.recv[p].x;
+    CHECK(run_combine(&w, &cb) == SYMM_OK, "combine: %s", symm_last_error());
+    /* Per token, per rank ascending, the k it sums (-1: none). */
+    static const int parts[2][3][2][2] = {
+        { { { 0, -1 }, { 1, -1 } }, { { -1, -1 }, { 0, -1 } }, { { 0, 1 }, { -1, -1 } } },
+        { { { 1, -1 }, { 0, -1 } }, { { -1, -1 }, { -1, -1 } } },
+    };
+    int rounded_twice = 0;
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < HAND_TOKENS[s]; t++)
+            for (int h = 0; h < 16; h++) {
+                float x = load_value(SYMM_DTYPE_BF16, w.x[s], t * 16 + h), acc = 0.0f, once = 0.0f;
+                for (int p = 0; p < 2; p++) {
+                    float part = 0.0f;
+                    for (int i = 0; i < 2 && parts[s][t][p][i] >= 0; i++) {
+                        part = fmaf(w.tw[s][t * 2 + parts[s][t][p][i]], x, part);
+                        once = fmaf(w.tw[s][t * 2 + parts[s][t][p][i]], x, once);
+                    }
+                    if (parts[s][t][p][0] >= 0)
+                        acc = acc + symm_bf16_to_f32(symm_f32_to_bf16(part));
+                }
+                uint16_t got, want = symm_f32_to_bf16(acc);
+                rounded_twice += want != symm_f32_to_bf16(once);
+                memcpy(&got, (uint16_t *)cb.out[s] + t * 16 + h, 2);
+                CHECK(got == want, "token %d of rank %d [%d]: 0x%04x, expected 0x%04x", t, s, h, got, want);
+            }
+    /* The data tell the two orders apart somewhere, or the test shows nothing. */
+    CHECK(rounded_twice > 0, "no element differs between the rank order and the k order");
     for (int p = 0; p < 2; p++)
         cb.y[p] = NULL;
     combine_free(&w, &cb);
@@ -1110,6 +1193,7 @@ Test(properties, every_world_size_layout_and_combine_dtype)
                     cfg.topk = 1 + rnd(cfg.experts < 5 ? cfg.experts : 5);
                     cfg.layout = (symm_layout)layout;
                     cfg.align = layout == SYMM_LAYOUT_EXPERT ? 1 + rnd(8) : 1;
+                    cfg.combine_order = layout == SYMM_LAYOUT_EXPERT ? cfg.combine_order : SYMM_COMBINE_ORDER_RANK;
                     cfg.combine_dtype = (symm_dtype)cd;
                     random_world_round(cfg, GEN_PLAIN);
                 }
@@ -1123,6 +1207,7 @@ Test(properties, rank_combine_of_recv_x_is_x_times_destination_count)
     for (int round = 0; round < 60; round++) {
         symm_ref_config cfg = random_config();
         cfg.layout = SYMM_LAYOUT_RANK;
+        cfg.combine_order = SYMM_COMBINE_ORDER_RANK;
         cfg.align = 1;
         cfg.dtype = cfg.combine_dtype = dtypes[round % 3];
         cfg.hidden = 16;
@@ -1160,6 +1245,7 @@ Test(properties, expert_combine_of_recv_x_is_weighted_sum_over_valid_k)
     for (int round = 0; round < 60; round++) {
         symm_ref_config cfg = random_config();
         cfg.layout = SYMM_LAYOUT_EXPERT;
+        cfg.combine_order = SYMM_COMBINE_ORDER_K;
         cfg.weights = 1;
         cfg.dtype = cfg.combine_dtype = dtypes[round % 3];
         cfg.hidden = 16;
@@ -1378,6 +1464,7 @@ Test(edge, fp8_payload_and_scales_are_copied_bit_for_bit)
         cfg.hidden = 128 * (1 + rnd(2));
         cfg.layout = (symm_layout)(round % 2);
         cfg.align = cfg.layout == SYMM_LAYOUT_EXPERT ? 1 + rnd(4) : 1;
+        cfg.combine_order = cfg.layout == SYMM_LAYOUT_EXPERT ? cfg.combine_order : SYMM_COMBINE_ORDER_RANK;
         tworld w;
         world_make(&w, &cfg, &GEN_PLAIN, 0);
         dispatch_and_check(&w); /* compares every x byte and every scale */
@@ -1395,13 +1482,13 @@ Test(config, worst_capacity_follows_the_formulas)
         symm_ref_config cfg;
         int64_t worst;
     } cases[] = {
-        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1 }, 6 },
-        { { 16, 8, 9, 3, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1 }, 15 },
-        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 4 }, 18 },
+        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1, SYMM_COMBINE_ORDER_RANK }, 6 },
+        { { 16, 8, 9, 3, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1, SYMM_COMBINE_ORDER_RANK }, 15 },
+        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 4, SYMM_COMBINE_ORDER_RANK }, 18 },
         /* min(K, L) = L = 2: 4 * 10 * 2 + 2 * 63 */
-        { { 16, 3, 8, 4, 10, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 64 }, 206 },
+        { { 16, 3, 8, 4, 10, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 64, SYMM_COMBINE_ORDER_RANK }, 206 },
         /* min(K, L) = K = 1 */
-        { { 16, 1, 8, 2, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 0, 0, 1 }, 10 },
+        { { 16, 1, 8, 2, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 0, 0, 1, SYMM_COMBINE_ORDER_RANK }, 10 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         CHECK(symm_ref_worst_capacity(&cases[i].cfg) == cases[i].worst, "case %zu: %lld, expected %lld", i,
@@ -1445,6 +1532,9 @@ static const char *spoil(int i, symm_ref_config *c)
     /* 8 * 2^20 rows of 2^20 * 4 bytes: past 1 TiB */
     case 25: c->world = 8; c->experts = 8; c->topk = 1; c->max_tokens = 1048576; c->hidden = 1048576;
              c->dtype = c->combine_dtype = SYMM_DTYPE_FP32; return "1 TiB";
+    case 26: c->combine_order = (symm_combine_order)2; return "combine_order";
+    case 27: c->layout = SYMM_LAYOUT_RANK; c->align = 1; c->combine_order = SYMM_COMBINE_ORDER_K;
+             return "combine_order";
     }
     return NULL;
 }
@@ -1477,7 +1567,7 @@ Test(config, accepts_every_config_within_the_limits)
         CHECK(symm_ref_check_config(&c) == SYMM_OK, "rejected: %s", symm_last_error());
     }
     symm_ref_config big = { 7168, 16, 256, 128, 4096, SYMM_DTYPE_FP8_E4M3, SYMM_DTYPE_BF16,
-                            SYMM_LAYOUT_EXPERT, 1, 0, 4096 };
+                            SYMM_LAYOUT_EXPERT, 1, 0, 4096, SYMM_COMBINE_ORDER_RANK };
     CHECK(symm_ref_check_config(&big) == SYMM_OK, "largest shapes rejected: %s", symm_last_error());
 }
 

@@ -218,13 +218,14 @@ Test(spec, valid_variant_keeps_every_field)
     shape s = random_shape();
     int dt = (int)rnd(0, 3), ct = (int)rnd(0, 2), expert = (int)rnd(0, 1), weights = (int)rnd(0, 1);
     int align = expert ? (int)rnd(2, 256) : 1, sms = (int)rnd(1, 1024), pull = (int)rnd(0, 1);
+    int order_k = expert ? (int)rnd(0, 1) : 0;
     int64_t worst = expert ? worst_expert(&s, align) : worst_rank(&s);
     int64_t capacity = (int64_t)rnd(1, (unsigned)worst);
     const char *path = write_file("spec.lua",
         "%slayout { %s, dtype = \"%s\", combine_dtype = \"%s\", layout = \"%s\",\n"
-        "  weights = %s, align = %d, sms = %d, capacity = %lld, combine = \"%s\" }\n",
+        "  weights = %s, align = %d, sms = %d, capacity = %lld, combine = \"%s\", combine_order = \"%s\" }\n",
         padding(), fields(&s), dtypes[dt], dtypes[ct], expert ? "expert" : "rank",
-        weights ? "true" : "false", align, sms, (long long)capacity, pull ? "pull" : "push");
+        weights ? "true" : "false", align, sms, (long long)capacity, pull ? "pull" : "push", order_k ? "k" : "rank");
 
     cr_assert(load(path) == 0, "load failed:\n%s", messages());
     cr_assert(diag.count == 0, "a valid spec left messages:\n%s", messages());
@@ -249,6 +250,24 @@ Test(spec, valid_variant_keeps_every_field)
               (long long)v->capacity, v->capacity_set, (long long)capacity);
     cr_expect(v->combine_pull == (bool)pull, "combine_pull %d, expected %d (combine = \"%s\")", v->combine_pull,
               pull, pull ? "pull" : "push");
+    cr_expect(v->combine_order == (order_k ? SYMM_COMBINE_ORDER_K : SYMM_COMBINE_ORDER_RANK),
+              "combine_order %d, expected %s", (int)v->combine_order, order_k ? "k" : "rank");
+}
+
+/* combine_order "k" keeps layout expert's ascending-k sum; layout rank has
+ * only one order, and says why. */
+Test(spec, combine_order_k_is_for_layout_expert_only)
+{
+    shape a = random_shape(), b = random_shape();
+    const char *path = write_file("spec.lua",
+        "layout { %s, layout = \"expert\", combine_order = \"k\" }\n"
+        "layout { %s, combine_order = \"k\" }\n",
+        fields(&a), fields(&b));
+    cr_assert(load(path) == -1);
+    expect_message("%s:2: variant %s: field combine_order: got \"k\", expected \"rank\" (combine_order \"k\" "
+                   "applies only to layout \"expert\": layout rank sends one row per token and rank)",
+                   path, b.name);
+    expect_count(1);
 }
 
 Test(spec, defaults_are_applied)
@@ -279,6 +298,7 @@ Test(spec, defaults_are_applied)
         cr_expect(v->sms == 24, "variant %d: sms %d, expected 24", i, v->sms);
         cr_expect(v->align == 1, "variant %d: align %d, expected 1", i, v->align);
         cr_expect(!v->combine_pull, "variant %d: combine defaults to \"push\"", i);
+        cr_expect(v->combine_order == SYMM_COMBINE_ORDER_RANK, "variant %d: combine_order defaults to \"rank\"", i);
         cr_expect(v->layout == (i == 4 ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK), "variant %d: layout %s", i,
                   sg_layout_name(v->layout));
         cr_expect(v->capacity == worst && !v->capacity_set, "variant %d: capacity %lld (set %d), expected %lld",
@@ -374,10 +394,10 @@ Test(spec, unknown_field_far_from_all_lists_them)
                                   padding(), fields(&s));
     cr_assert(load(path) == -1);
     expect_message("%s:%d: variant %s: field frobnicate: unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order",
                    path, pad_lines + 1, s.name);
     expect_message("%s:%d: variant %s: field \"two words\": unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order",
                    path, pad_lines + 1, s.name);
     expect_count(2);
 }
@@ -412,9 +432,10 @@ Test(spec, wrong_type_names_value_and_expectation)
         { "combine", "\"pul\"", "\"pul\"", "\"push\" or \"pull\"" },
         { "combine", "1", "1", "\"push\" or \"pull\"" },
         { "combine", "true", "true", "\"push\" or \"pull\"" },
+        { "combine_order", "\"K\"", "\"K\"", "\"rank\" or \"k\"" },
     };
     const int n = sizeof cases / sizeof cases[0];
-    shape s[16];
+    shape s[17];
     char text[16384] = "";
     strcat(text, padding());
     for (int i = 0; i < n; i++) {
@@ -1279,7 +1300,7 @@ Test(spec, bad_overrides_are_named)
     expect_message("-D hiden=7: unknown field, did you mean \"hidden\"?");
     expect_message("-D name=x: name cannot be overridden (each variant needs its own)");
     expect_message("-D frob=1: unknown field, expected one of name, hidden, topk, experts, world, max_tokens, "
-                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine");
+                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order");
     expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 8 for bf16 " ROWS_WHY
                    " (from -D hidden=%d) (with -D topk=abc in effect)", path, pad_lines + 1, a.name, bad_hidden,
                    bad_hidden);

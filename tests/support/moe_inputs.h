@@ -113,6 +113,7 @@ static inline symm_ref_config moe_ref_config(const symm_variant_desc *d)
         .hidden = d->hidden, .topk = d->topk, .experts = d->experts, .world = d->world,
         .max_tokens = d->max_tokens, .dtype = d->dtype, .combine_dtype = d->combine_dtype,
         .layout = d->layout, .weights = d->weights, .capacity = d->capacity, .align = d->align,
+        .combine_order = d->combine_order,
     };
 }
 
