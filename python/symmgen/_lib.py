@@ -62,6 +62,7 @@ def symmgen_path():
 DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2, "fp8_e4m3": 3}
 DTYPE_SIZES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1}
 LAYOUTS = {"rank": 0, "expert": 1}
+COMBINE_ORDERS = {"rank": 0, "k": 1}
 BACKENDS = {None: 0, "native": 1, "nccl": 2}
 # Elements per fp8 scale (SYMM_FP8_BLOCK).
 FP8_BLOCK = 128
@@ -109,7 +110,7 @@ class RefConfig(ctypes.Structure):
     """symm_ref_config (symm_ref.h)."""
     _fields_ = [("hidden", c_int), ("topk", c_int), ("experts", c_int), ("world", c_int),
                 ("max_tokens", c_int), ("dtype", c_int), ("combine_dtype", c_int), ("layout", c_int),
-                ("weights", c_int), ("capacity", c_int64), ("align", c_int)]
+                ("weights", c_int), ("capacity", c_int64), ("align", c_int), ("combine_order", c_int)]
 
 
 class RefInput(ctypes.Structure):

@@ -16,9 +16,8 @@ Nothing here needs torch."""
 import ctypes
 
 from . import _lib
-from ._lib import DTYPE_SIZES, DTYPES, LAYOUTS, RefConfig, RefInput, RefRecv, RefSendStats
+from ._lib import COMBINE_ORDERS, DTYPE_SIZES, DTYPES, LAYOUTS, RefConfig, RefInput, RefRecv, RefSendStats
 
-COMBINE_ORDERS = {"rank": 0, "k": 1}
 # Whether this libsymm's symm_ref_config has combine_order (layout expert's
 # summation order); without it, combine sums in k order.
 HAS_COMBINE_ORDER = "combine_order" in dict(RefConfig._fields_)

@@ -155,3 +155,17 @@ def test_rounding_as_the_gpu():
     assert ref.f32_to_bf16(float("nan")) == 0x7FFF
     assert ref.f32_to_f16(65520.0) == 0x7C00  # above the largest half: infinity
     assert ref.bf16_to_f32(0x4049) == struct.unpack("f", struct.pack("I", 0x40490000))[0]
+
+
+@pytest.mark.parametrize("order, want", [("rank", 1.0), ("k", 0.0)])
+def test_layout_expert_combine_orders_differ(order, want):
+    # Token 0 of rank 0 picks experts 0 (rank 0), 2 (rank 1), 1 (rank 0) with
+    # weights 1e8, 1, -1e8 on a row of ones. Order rank: rank 0's part is
+    # 1e8 - 1e8 = 0, rank 1's is 1: out 1. Order k: 1e8 + 1 rounds to 1e8
+    # in fp32, minus 1e8: out 0.
+    cfg = ref.Config(hidden=H, topk=3, experts=4, world=2, max_tokens=4, dtype="fp32", layout="expert",
+                     combine_order=order)
+    ins = [ref.Input(1, f32([1.0] * H), i32([0, 2, 1]), f32([1e8, 1.0, -1e8])), ref.Input(0, b"", b"", b"")]
+    res = ref.dispatch(cfg, ins)
+    out0, _ = ref.combine(cfg, ins, res, [r.x for r in res.recv])
+    assert list(array.array("f", bytes(out0))) == [want] * H
