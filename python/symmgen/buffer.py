@@ -13,15 +13,15 @@ the methods that say they synchronise). Under torch.compile they become
 the custom ops of ops.py; with autograd recording they go through the owned
 (functional) ops, whose backward formulas run the variant again."""
 
-import ctypes
 import os
 from typing import NamedTuple, Optional
 
 import torch
+import torch.distributed as dist
 
-from . import _lib, checks, manifest, ops, torch_ref
+from . import checks, manifest, ops, torch_ref
 from . import spec as spec_mod
-from ._dlpack import device_bytes
+from .backends import Native, Reference
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp8_e4m3": torch.float8_e4m3fn, "int32": torch.int32, "int64": torch.int64}
@@ -60,140 +60,11 @@ class DispatchResult(NamedTuple):
 
 
 RESULT_NAMES = DispatchResult._fields
-# Where each result (and combine_buffer) lives: the field of
-# symm_recv_buffers, the manifest region (for the reference backend) and
-# whether it is a per-row array.
-_PLACES = {
-    "recv_x": ("x", "recv_x"), "recv_x_scales": ("scales", "recv_scales"), "recv_src": ("src", "recv_src"),
-    "recv_topk_idx": ("topk_idx", "recv_topk_idx"), "recv_topk_weights": ("weights", "recv_weights"),
-    "num_recv_tokens_per_expert": ("expert_count", "expert_count"),
-    "recv_expert_offset": ("expert_offset", "expert_offset"), "num_recv_rows": ("rows", "state"),
-    "combine_buffer": ("y", "y"),
-}
 _ROW_RESULTS = ("recv_x", "recv_x_scales", "recv_src", "recv_topk_idx", "recv_topk_weights")
-
-
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _increment_version = torch._C._increment_version
 _I32, _F32 = torch.int32, torch.float32
-
-
-def _nbytes(shape, dtype):
-    n = dtype.itemsize
-    for s in shape:
-        n *= s
-    return n
-
-
-def _typed(raw, dtype, shape):
-    """A tensor of dtype and shape over the uint8 tensor raw's memory, not a
-    view of it: each result is a tensor of its own to torch.compile, which
-    cannot follow a mutation through a view that changes the dtype."""
-    return torch.empty(0, dtype=dtype, device=raw.device).set_(raw.untyped_storage(), 0, shape)
-
-
-def _raw_stream():
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get is not None:
-        return lambda index: get(index)
-    return lambda index: torch.cuda.current_stream(index).cuda_stream
-
-
-class _Native:
-    """The variant in libsymm (native or nccl backend)."""
-
-    def __init__(self, world, v, shapes, backend, cache_dir, tune, timeout):
-        lib = _lib.lib()
-        opts = _lib.VariantOptions(backend=_lib.BACKENDS[backend], timeout_s=float(timeout or 0),
-                                   cache_dir=cache_dir.encode() if cache_dir else None,
-                                   tune=tune.encode() if tune else None)
-        handle = ctypes.c_void_p()
-        _lib.check(lib.symm_variant_open(world.handle, v.manifest_path.encode(), v.name.encode(),
-                                         ctypes.byref(opts), ctypes.byref(handle)))
-        self.handle = handle
-        rb = _lib.RecvBuffers()
-        _lib.check(lib.symm_variant_recv(handle, ctypes.byref(rb)))
-        index = world.device.index
-        self.sym_range = (rb.x - v.regions["recv_x"][0], rb.x - v.regions["recv_x"][0] + v.symmetric_bytes)
-        self.results = {}
-        for name, (field, _) in _PLACES.items():
-            ptr = getattr(rb, field)
-            if ptr:
-                shape, dtype = shapes[name]
-                self.results[name] = _typed(device_bytes(ptr, _nbytes(shape, dtype), index), dtype, shape)
-        self._args = _lib.DispatchArgs()
-        self._args_ref = ctypes.byref(self._args)
-        self._dispatch = lib.symm_variant_dispatch
-        self._combine = lib.symm_variant_combine
-        self._stream = _raw_stream()
-        self._index = index
-        self._no_rows = torch.empty(16, dtype=torch.uint8, device=world.device)
-
-    def dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
-        a = self._args
-        a.tokens = x.shape[0]
-        a.tokens_dev = num_tokens.data_ptr() if num_tokens is not None else None
-        a.x = x.data_ptr()
-        a.x_scales = x_scales.data_ptr() if x_scales is not None else None
-        a.topk_idx = topk_idx.data_ptr()
-        a.topk_weights = topk_weights.data_ptr() if topk_weights is not None else None
-        status = self._dispatch(self.handle, self._args_ref, self._stream(self._index))
-        if status:
-            raise _lib.error(status)
-
-    def combine(self, y, out):
-        # An empty out has no address; libsymm wants one even for no rows.
-        target = out.data_ptr() or self._no_rows.data_ptr()
-        status = self._combine(self.handle, y.data_ptr(), target, self._stream(self._index))
-        if status:
-            raise _lib.error(status)
-
-    def stats(self):
-        st = _lib.VariantStats()
-        status = _lib.lib().symm_variant_stats_read(self.handle, self._stream(self._index), ctypes.byref(st))
-        values = {name: getattr(st, name) for name, _ in st._fields_}
-        return values, (None if status == 0 else _lib.error(status))
-
-    def destroy(self):
-        status = _lib.lib().symm_variant_destroy(self.handle)
-        self.handle = None
-        _lib.check(status)
-
-
-class _Reference:
-    """torch_ref (all_to_all_single over the process group) in place of the
-    kernels, on buffers laid out as the variant's: for tests of this
-    package on hosts without a GPU, and as an executable statement of the
-    semantics. Synchronises on every call; not capturable."""
-
-    def __init__(self, group, v, shapes, device):
-        self.group, self.v = group, v
-        self.sym_range = None
-        self.results = {}
-        for name, (_, region) in _PLACES.items():
-            if v.regions.get(region, (0, 0, False))[1] and (name != "recv_expert_offset" or v.layout == "expert"):
-                shape, dtype = shapes[name]
-                self.results[name] = _typed(torch.zeros(_nbytes(shape, dtype), dtype=torch.uint8, device=device),
-                                            dtype, shape)
-        self.plan = None
-
-    def dispatch(self, x, topk_idx, topk_weights, x_scales, num_tokens):
-        tokens = None if num_tokens is None else max(0, min(int(num_tokens.reshape(-1)[0]), x.shape[0]))
-        self.plan, recv = torch_ref.dispatch(self.v, self.group, x, topk_idx, topk_weights, x_scales, tokens)
-        self.weights = topk_weights
-        for name, t in recv.items():
-            if t is not None:
-                self.results[name].copy_(t)
-
-    def combine(self, y, out):
-        out.copy_(torch_ref.combine(self.v, self.group, self.plan, y, self.weights))
-
-    def stats(self):
-        return {}, None
-
-    def destroy(self):
-        pass
 
 
 class Buffer:
@@ -219,7 +90,7 @@ class Buffer:
 
     Attributes: name, hidden, topk, experts, world_size, local_experts,
     max_tokens, dtype and combine_dtype (torch dtypes), layout, weights,
-    capacity, align, sms, combine ("push" or "pull"), combine_order,
+    capacity, align, sms, combine_mode ("push" or "pull"), combine_order,
     variant (the manifest's manifest.Variant), rank, group, device,
     combine_buffer (combine = "pull": where y should be written).
     destroy() is collective; use the Buffer as a context manager or call it
@@ -241,12 +112,10 @@ class Buffer:
         if isinstance(group, World):
             self._world, self.group = group, group.group
         else:
-            import torch.distributed as dist
             if not dist.is_initialized():
                 raise RuntimeError("symmgen.Buffer: torch.distributed is not initialized: call "
                                    "torch.distributed.init_process_group first")
             self.group = group if group is not None else dist.group.WORLD
-        import torch.distributed as dist
         self.rank = dist.get_rank(self.group)
         size = dist.get_world_size(self.group)
         path, name = _manifest_path(spec, name, size, defines, cache_dir)
@@ -256,12 +125,17 @@ class Buffer:
         if backend == "reference":
             self.device = torch.device(device) if device is not None else (
                 torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-            self._backend = _Reference(self.group, v, self._result_shapes, self.device)
+            self._backend = Reference(self.group, v, self._result_shapes, self.device)
         else:
             if self._world is None:
                 self._world, self._own_world = World(self.group, device=device, timeout=timeout), True
             self.device = self._world.device
-            self._backend = _Native(self._world, v, self._result_shapes, backend, cache_dir, tune, timeout)
+            try:
+                self._backend = Native(self._world, v, self._result_shapes, backend, cache_dir, tune, timeout)
+            except BaseException:
+                if self._own_world:
+                    self._world.destroy()
+                raise
         self._views = self._backend.results
         self.combine_buffer = self._views.get("combine_buffer")
         self._zero_copy = DispatchResult(*[self._views.get(n) for n in RESULT_NAMES])
