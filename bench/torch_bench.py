@@ -134,6 +134,8 @@ class AllToAll:
 
 def measure(buf, args, ctl, host_collectives):
     v, dev = buf.variant, buf.device
+    if v.dtype != "bf16" or v.combine_dtype != "bf16":
+        raise SystemExit(f"torch_bench: {v.name}: {v.dtype} -> {v.combine_dtype}: this bench times bf16 variants")
     T = min(args.tokens, v.max_tokens)
     x, idx, w = inputs(v, T, dev, 1 + buf.rank)
     lib = _lib.lib()

@@ -2,15 +2,16 @@
 # test-python.sh: the Python package's CPU tests (tests/python/cpu: no torch,
 # no GPU) under pytest, with the package from python/ and the binaries of
 # $SYMM_BUILD_DIR. A python without pytest, setuptools and wheel (the
-# install test needs the last two) gets a virtual environment in
-# $SYMM_BUILD_DIR/python-venv with them, from PyPI, made once.
+# install test needs the last two) gets a virtual environment with them in
+# .cache/python-venv (outside build/, which travels to the GPU machines),
+# from PyPI, made once.
 # usage: SYMM_BUILD_DIR=build scripts/test-python.sh [PYTEST_ARGS...]
 set -euo pipefail
 build=${SYMM_BUILD_DIR:-build}
 py=${PYTHON:-python3}
 ready() { "$1" -c 'import pytest, setuptools, wheel' 2>/dev/null; }
 if ! ready "$py"; then
-    venv=$build/python-venv
+    venv=.cache/python-venv
     if ! ready "$venv/bin/python"; then
         echo "test-python: making $venv with pytest, setuptools and wheel"
         "$py" -m venv "$venv"
