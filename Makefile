@@ -3,14 +3,15 @@
 #   make            build build/bin/symmgen, build/bin/symmrun, build/lib/libsymm.{a,so}
 #   make run        generate specs/default.lua and NVRTC-compile every variant
 #                   (plus a GPU self-check where GPUs are present)
-#   make test       CPU tests (Criterion), then the installed library as a user
-#                   builds against it (scripts/test-install.sh); SAN=1 builds them
-#                   with ASan+UBSan; QUICK=1 NVRTC-compiles one variant of each kind
-#                   of kernel instead of every variant of every spec (CI runs it all);
+#   make test       CPU tests (Criterion), the Python package's (pytest, no torch), then
+#                   the installed library as a user builds against it
+#                   (scripts/test-install.sh); SAN=1 builds the Criterion tests with
+#                   ASan+UBSan; QUICK=1 NVRTC-compiles one variant of each kind of
+#                   kernel instead of every variant of every spec (CI runs it all);
 #                   FUZZ_SECONDS=N runs the spec fuzzer N seconds (default 3, SAN=1: 30)
-#   make test-gpu   GPU tests and examples/c through symmrun (prints "skipped: no
-#                   GPU" without one); MPS=1: ranks sharing a GPU run at once under
-#                   CUDA MPS
+#   make test-gpu   GPU tests and examples/c through symmrun, then the PyTorch package's
+#                   under torchrun where python3 has torch (each prints "skipped: no GPU"
+#                   without one); MPS=1: ranks sharing a GPU run at once under CUDA MPS
 #   make bench      benchmarks (GPU host)
 #   make install PREFIX=/usr/local
 #
@@ -197,10 +198,14 @@ test: test-deps
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_FUZZ_SECONDS=$(FUZZ_SECONDS) SYMM_TEST_QUICK=$(QUICK) \
 	 scripts/run-tests.sh $(CPU_TESTS); rc=$$?; \
 	 SYMM_BUILD_DIR=$(BUILD) SYMM_SANFLAGS="$(SANFLAGS)" scripts/test-install.sh && exit $$rc
+ifneq ($(SAN),1)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/test-python.sh
+endif
 
 test-gpu:
 	@$(MAKE) --no-print-directory all $(GPU_TESTS) $(GPU_CHECK) $(EXAMPLE)
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SPEC=$(GPU_SPEC) SYMM_TEST_MPS=$(MPS) scripts/test-gpu.sh $(GPU_TESTS)
+	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_TEST_MPS=$(MPS) scripts/test-python-gpu.sh
 
 bench:
 	@$(MAKE) --no-print-directory all $(BENCH_BINS)

@@ -8,7 +8,13 @@
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
-#        each path, bench/NOTES.md 42), example (examples/c at 2 ranks)
+#        each path, bench/NOTES.md 42), example (examples/c at 2 ranks),
+#        python (the PyTorch package installed offline into python3, the one
+#        with torch; its tests under torchrun at world 2 against the
+#        installed copy, scripts/test-python-gpu.sh; the example
+#        examples/torch_moe), torch (bench/torch_bench.py: the eager
+#        Python call over the C call, a captured graph, all_to_all_single;
+#        the table lands in $OUT/torch_bench.md)
 #        (profile, inline, tune and dedup: on 2 GPUs;
 #        dedup times rows g with DEDUP on and off, with layout rank's
 #        push warps (bench/NOTES.md 37) and with its staging buffers
@@ -39,7 +45,7 @@ step() { # name limit_s command...
     local t0=$SECONDS
     timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
-    summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - t0)) "$(grep -aE 'passed|Synthesis|FAIL' "$out/$name.log" | tail -n 1 | cut -c1-110)")")
+    summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - t0)) "$(grep -aE 'passed|Synthesis|FAIL|torch_moe:|overhead of' "$out/$name.log" | tail -n 1 | cut -c1-110)")")
 }
 nvidia-smi -L > "$out/machine.log"
 $build/bin/symmgen -q -o out/default specs/default.lua >> "$out/machine.log" 2>&1
@@ -115,11 +121,34 @@ for s in "$@"; do
             # several ranks a GPU); worlds.lua's are in the worlds step.
             $build/bin/symmgen -q -D max_tokens=128 -o out/models-t128 specs/models.lua >> "$out/machine.log" 2>&1
             step check-w8-models 300 $run -n 8 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models-t128/manifest.json --quick --graph-replays 10 ;;
+    python) # pip builds nothing here: setup.py takes $build's libsymm.so and symmgen.
+        step python-install 300 env SYMMGEN_BUILD_DIR="$(cd "$build" && pwd)" python3 -m pip install --no-index \
+            --no-build-isolation --no-deps ./python
+        (cd /tmp && python3 -c 'import symmgen, symmgen.ops, symmgen._lib as l; print("symmgen", symmgen.__version__,
+            symmgen.__file__, l.library_path(), l.symmgen_path(), "register_symm_mem_args:", symmgen.ops.HAS_SYMM_MEM_ARGS)') \
+            >> "$out/python-install.log" 2>&1
+        step python-tests 560 env SYMMGEN_TEST_INSTALLED=1 SYMM_BUILD_DIR="$build" LOGS="$out/python-ranks" \
+            scripts/test-python-gpu.sh
+        if [ "$ngpu" -ge 2 ]; then
+            step python-example 240 python3 -m torch.distributed.run --nproc-per-node 2 examples/torch_moe/train.py
+        fi ;;
+    torch) # On one GPU the two ranks share it under MPS: host costs only (a proxy).
+        if [ "$ngpu" -lt 2 ]; then
+            export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+            mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+            nvidia-cuda-mps-control -d >> "$out/machine.log" 2>&1
+        fi
+        step torch-bench 400 python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_bench.py \
+            --out "$final/torch_bench.md"
+        if [ "$ngpu" -lt 2 ]; then
+            echo quit | nvidia-cuda-mps-control
+            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        fi ;;
     probe) step link_probe 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,32,48,64 --reps 20 ;;
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

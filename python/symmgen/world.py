@@ -1,0 +1,90 @@
+"""world.py: a libsymm world from a torch.distributed process group.
+
+The group only introduces the ranks to each other: its rank 0 draws a fresh
+job id and secret and broadcasts them through the group, then every rank
+joins a symm_world (symm_world.h) with the group's rank and size and
+torch's current CUDA device. Everything after that (the symmetric heap, the
+kernels' signals) is libsymm's own; the group is used again only for the
+gradients of the top-k weights (all_to_all_single, see ops.py). The ranks
+of a world share one host: a group across hosts is refused, naming them."""
+
+import ctypes
+import secrets
+import socket
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+
+
+def _device_index(device):
+    """The CUDA device ordinal of device (None: torch's current device)."""
+    if device is None:
+        return torch.cuda.current_device()
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"symmgen.World: device: got {device!r}, expected a CUDA device such as 'cuda:0'")
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+class World:
+    """The ranks of a process group as a libsymm world.
+
+    World(group=None, device=None, timeout=None): group defaults to the
+    default process group (dist.init_process_group must have run; gloo or
+    nccl), device to torch.cuda.current_device(), timeout (seconds any
+    wait may take) to SYMM_TIMEOUT or 60. Collective over the group.
+    Attributes: group, rank, size, device (a torch.device), timeout."""
+
+    def __init__(self, group=None, device=None, timeout=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("symmgen.World: torch.distributed is not initialized: call "
+                               "torch.distributed.init_process_group first (torchrun sets the environment)")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.size = dist.get_world_size(self.group)
+        if self.rank < 0:
+            raise ValueError("symmgen.World: this process is not a member of the group")
+        index = _device_index(device)
+        self.device = torch.device("cuda", index)
+        self.timeout = timeout
+        self._handle = None
+        job_id, secret = self._agree()
+        cfg = _lib.WorldConfig(rank=self.rank, size=self.size, local_rank=self.rank, device=index,
+                               job_id=job_id.encode(), secret=secret.encode(), socket_dir=None,
+                               timeout_s=float(timeout or 0))
+        handle = ctypes.c_void_p()
+        _lib.check(_lib.lib().symm_world_create(ctypes.byref(cfg), ctypes.byref(handle)))
+        self._handle = handle
+
+    def _agree(self):
+        """Rank 0's fresh job id and secret, and every rank's host, through
+        the group (a world serves one host)."""
+        mine = [socket.gethostname(),
+                f"torch-{secrets.token_hex(8)}" if self.rank == 0 else None,
+                secrets.token_hex(32) if self.rank == 0 else None]
+        everyone = [None] * self.size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        hosts = sorted({e[0] for e in everyone})
+        if len(hosts) > 1:
+            raise ValueError(f"symmgen.World: the group spans hosts {', '.join(hosts)}: a world's ranks "
+                             f"share one host (use a group of one host's ranks)")
+        return everyone[0][1], everyone[0][2]
+
+    @property
+    def handle(self):
+        """The symm_world pointer (a ctypes c_void_p)."""
+        if self._handle is None:
+            raise RuntimeError("symmgen.World: used after destroy()")
+        return self._handle
+
+    def destroy(self):
+        """Leave the world (not collective). Variants made on it must be
+        destroyed first."""
+        if self._handle is not None:
+            _lib.lib().symm_world_destroy(self._handle)
+            self._handle = None
+
+    def __repr__(self):
+        return f"World(rank {self.rank} of {self.size}, {self.device})"

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# test-python-gpu.sh: the PyTorch package's distributed tests
+# (tests/python/gpu) under torchrun at world 2, with a python that has torch:
+#   2 or more GPUs: a rank per GPU, an nccl process group;
+#   one GPU: both ranks on it, a gloo process group, and (unless
+#     SYMM_TEST_MPS=0) a CUDA MPS daemon of this run's own so that they run
+#     at once (the native backend's ranks must all be resident);
+#   no GPU: "skipped: no GPU" (SYMMGEN_TEST_BACKEND=reference runs the tests
+#     on the CPU against the all_to_all_single reference backend instead).
+# Every rank's log goes to $LOGS (default $SYMM_BUILD_DIR/python-gpu-logs);
+# rank 0's is shown.
+# usage: SYMM_BUILD_DIR=build [PYTHON=python3] [SYMMGEN_TEST_INSTALLED=1]
+#        scripts/test-python-gpu.sh [PYTEST_ARGS...]
+set -uo pipefail
+build=$(cd "${SYMM_BUILD_DIR:-build}" 2>/dev/null && pwd || echo "${SYMM_BUILD_DIR:-build}")
+py=${PYTHON:-python3}
+note() { echo "test-python-gpu: $*"; }
+if ! "$py" -c 'import torch' 2>/dev/null; then
+    note "skipped: $py cannot import torch"
+    exit 0
+fi
+ngpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    ngpu=$(nvidia-smi -L | grep -c '^GPU')
+fi
+if [ "$ngpu" -eq 0 ] && [ "${SYMMGEN_TEST_BACKEND:-}" != reference ]; then
+    note "skipped: no GPU"
+    exit 0
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
+# SYMMGEN_TEST_INSTALLED=1: the installed package with the binaries inside
+# it; else the checkout's python/ with $SYMM_BUILD_DIR's.
+[ -n "${SYMMGEN_TEST_INSTALLED:-}" ] || export SYMMGEN_BUILD_DIR=$build
+logs=${LOGS:-$build/python-gpu-logs}
+mkdir -p "$logs"
+if [ "$ngpu" -eq 1 ] && [ "${SYMM_TEST_MPS:-1}" != 0 ] && ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    note "nvidia-cuda-mps-control not found: the two ranks take turns on the GPU (slower)"
+elif [ "$ngpu" -eq 1 ] && [ "${SYMM_TEST_MPS:-1}" != 0 ]; then
+    mps=$(mktemp -d /tmp/symm-mps.XXXXXX)
+    mkdir -p "$mps/pipe" "$mps/log"
+    export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+    if ! nvidia-cuda-mps-control -d; then
+        note "nvidia-cuda-mps-control -d failed (log: $mps/log); SYMM_TEST_MPS=0 runs without MPS"
+        exit 1
+    fi
+    trap 'echo quit | nvidia-cuda-mps-control; rm -rf "$mps"' EXIT
+    note "one GPU: both ranks on it under a CUDA MPS daemon ($mps)"
+fi
+note "$("$py" -c 'import torch; print("torch", torch.__version__)'), $ngpu GPU(s), logs in $logs"
+"$py" -m torch.distributed.run --nproc-per-node 2 --log-dir "$logs" --tee 3 --local-ranks-filter 0 \
+    -m pytest -q -p no:cacheprovider -rs tests/python/gpu "$@"
