@@ -124,7 +124,8 @@ def _dispatch(v, group, x, topk_idx, topk_weights, x_scales, tokens, exact):
         meta = torch.stack([torch.full_like(send_t, rank), send_t, send_k, e - send_p * L], 1)
         w_sent = topk_weights[:T][send_t, send_k].float()[:, None] if v.weights else None
     sc = torch.bincount(send_p, minlength=W).tolist()
-    rc = _a2a(group, torch.tensor(sc), [1] * W, [1] * W, False).tolist()
+    # The counts go where the group's backend moves tensors (nccl: the GPU).
+    rc = _a2a(group, torch.tensor(sc, device=dev), [1] * W, [1] * W, False).tolist()
 
     plan = Plan()
     plan.recv_w = None
