@@ -238,7 +238,7 @@ def _combine(v, group, plan, y, topk_weights, exact):
         part = part.to(cdt)
         g_src = (groups >> 32).tolist()
         send_counts = [g_src.count(p) for p in range(W)]
-        recv_counts = _a2a(group, torch.tensor(send_counts), [1] * W, [1] * W, False).tolist()
+        recv_counts = _a2a(group, torch.tensor(send_counts, device=dev), [1] * W, [1] * W, False).tolist()
         tokens = _a2a(group, (groups & 0xFFFFFFFF).int(), send_counts, recv_counts, False).long()
         rows = _a2a(group, part.float(), send_counts, recv_counts, not exact)
         start = 0
