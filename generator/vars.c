@@ -115,6 +115,17 @@ static void sb_add(strbuf *b, const char *fmt, ...)
     free(piece);
 }
 
+/* A block of lines as the value of hole `name`, without its last newline
+ * (the template line supplies it); frees the block. */
+static void sb_set_block(sg_vars *vars, const char *name, strbuf *b)
+{
+    b->s[--b->len] = '\0';
+    sg_vars_set(vars, name, "%s", b->s);
+    free(b->s);
+    b->s = NULL;
+    b->len = 0;
+}
+
 static void set_region_vars(sg_vars *vars, const sg_layout *l)
 {
     strbuf cuda = {0}, table = {0};
@@ -126,13 +137,8 @@ static void set_region_vars(sg_vars *vars, const sg_layout *l)
         sb_add(&table, "        [SYMM_REGION_%s] = {%lluu, %lluu, %d},\n", region_names[i],
                (unsigned long long)r->offset, (unsigned long long)r->bytes, r->symmetric ? 1 : 0);
     }
-    /* Both blocks end without a newline: the template line supplies it. */
-    cuda.s[--cuda.len] = '\0';
-    table.s[--table.len] = '\0';
-    sg_vars_set(vars, "REGION_CONSTANTS", "%s", cuda.s);
-    sg_vars_set(vars, "REGION_TABLE", "%s", table.s);
-    free(cuda.s);
-    free(table.s);
+    sb_set_block(vars, "REGION_CONSTANTS", &cuda);
+    sb_set_block(vars, "REGION_TABLE", &table);
 }
 
 /* C type of one element as the C API sees it (bf16 and fp16 as raw bits). */
@@ -232,13 +238,8 @@ static void set_recv_vars(sg_vars *vars, const sg_variant *v)
         sb_add(&copy, "    out->%s = (%s)(uintptr_t)rb.%s;\n", f[i].member, f[i].type, f[i].member);
         free(f[i].comment);
     }
-    /* Both blocks end without a newline: the template line supplies it. */
-    fields.s[--fields.len] = '\0';
-    copy.s[--copy.len] = '\0';
-    sg_vars_set(vars, "RECV_FIELDS", "%s", fields.s);
-    sg_vars_set(vars, "RECV_COPY", "%s", copy.s);
-    free(fields.s);
-    free(copy.s);
+    sb_set_block(vars, "RECV_FIELDS", &fields);
+    sb_set_block(vars, "RECV_COPY", &copy);
 }
 
 /* The dispatch arguments this variant takes: x_scales only with fp8
