@@ -293,12 +293,11 @@ Test(env, create_reads_a_malformed_timeout_too)
               symm_last_error());
 }
 
-/* Two forked ranks find each other through the environment alone. */
-static int rank_from_env(int i, void *arg, wf_result *res, wf_result *all)
+/* Rank i, its rank already in the environment, joins through the
+ * environment alone (sockets in dir, SYMM_TIMEOUT 3) and checks the world
+ * with an allgather. */
+static int join_from_env(int i, const char *dir, wf_result *res)
 {
-    (void)all;
-    const char *dir = arg;
-    set_int("SYMM_RANK", i);
     setenv("SYMM_TIMEOUT", "3", 1);
     setenv("SYMM_SOCKET_DIR", dir, 1);
     symm_world *w;
@@ -313,6 +312,14 @@ static int rank_from_env(int i, void *arg, wf_result *res, wf_result *all)
                                                 : 0;
     symm_world_destroy(w);
     return code;
+}
+
+/* Two forked ranks find each other through the environment alone. */
+static int rank_from_env(int i, void *arg, wf_result *res, wf_result *all)
+{
+    (void)all;
+    set_int("SYMM_RANK", i);
+    return join_from_env(i, arg, res);
 }
 
 Test(env, create_from_env_joins_two_ranks)
@@ -443,21 +450,8 @@ Test(env, create_from_env_of_a_job_on_two_hosts_fails_without_waiting)
 static int rank_from_torch_env(int i, void *arg, wf_result *res, wf_result *all)
 {
     (void)all;
-    const char *dir = arg;
     set_int("RANK", i);
-    setenv("SYMM_TIMEOUT", "3", 1);
-    setenv("SYMM_SOCKET_DIR", dir, 1);
-    symm_world *w;
-    symm_status st = symm_world_create_from_env(&w);
-    if (st)
-        return wf_failf(res, "create_from_env: %s", symm_last_error());
-    int mine = 1000 + i, got[2] = {0, 0};
-    st = symm_world_allgather(w, &mine, got, sizeof mine);
-    int code = st ? wf_failf(res, "allgather: %s", symm_last_error())
-               : got[0] != 1000 || got[1] != 1001 ? wf_failf(res, "allgather gave %d %d", got[0], got[1])
-                                                  : 0;
-    symm_world_destroy(w);
-    return code;
+    return join_from_env(i, arg, res);
 }
 
 Test(env, create_from_env_joins_two_spawned_torch_ranks)
