@@ -571,10 +571,15 @@ static bool all_gone(const pid_t *pids, int n, double seconds)
     }
 }
 
-static void kill_all(const pid_t *pids, int n)
+/* All of pids are gone within seconds, else they are killed (nothing of a
+ * test outlives it) and the test fails saying what outlived symmrun. */
+static void expect_gone(const pid_t *pids, int n, double seconds, const char *what)
 {
+    if (all_gone(pids, n, seconds))
+        return;
     for (int i = 0; i < n; i++)
         kill(pids[i], SIGKILL);
+    cr_assert_fail("%s outlived symmrun", what);
 }
 
 /* symmrun itself dies by SIGKILL: its ranks, and what they started (in
@@ -597,10 +602,7 @@ Test(symmrun, ranks_and_their_children_die_when_symmrun_is_killed)
     cr_assert_eq(read_pids(pidfile, pids, 9), 9, "the ranks did not start their children");
     kill(r.pid, SIGKILL);
     finish(&r, 5);
-    bool gone = all_gone(pids, 9, 3);
-    if (!gone)
-        kill_all(pids, 9);
-    cr_assert(gone, "a rank or a child of one outlived symmrun killed with SIGKILL");
+    expect_gone(pids, 9, 3, "with symmrun killed by SIGKILL, a rank or a child of one");
     release(&r);
     wf_rmtree(dir);
 }
@@ -619,10 +621,7 @@ Test(symmrun, background_child_of_a_failing_rank_is_stopped)
     /* The first rank to fail stops the other, which may not have started its sleep. */
     int n = read_pids(pidfile, pids, 2);
     cr_assert(n >= 1, "no sleep was started");
-    bool gone = all_gone(pids, n, 0.5);
-    if (!gone)
-        kill_all(pids, n);
-    cr_assert(gone, "the background sleep outlived symmrun");
+    expect_gone(pids, n, 0.5, "the background sleep");
     cr_assert(r.elapsed < 1.8, "took %.2f s", r.elapsed);
     release(&r);
     wf_rmtree(dir);
@@ -644,10 +643,7 @@ Test(symmrun, processes_left_by_successful_ranks_are_stopped)
               "stderr: %s", r.buf[1]);
     pid_t pids[4];
     cr_assert_eq(read_pids(pidfile, pids, 4), 4);
-    bool gone = all_gone(pids, 4, 0.5);
-    if (!gone)
-        kill_all(pids, 4);
-    cr_assert(gone, "a process the ranks left outlived symmrun");
+    expect_gone(pids, 4, 0.5, "a process the ranks left");
     cr_assert(r.elapsed < 1.8, "took %.2f s: SIGTERM should have stopped them", r.elapsed);
     release(&r);
     wf_rmtree(dir);
@@ -665,10 +661,7 @@ Test(symmrun, leftover_ignoring_sigterm_is_killed_after_the_grace_period)
     cr_assert_eq(r.code, 0, "exit %d; stderr: %s", r.code, r.buf[1]);
     pid_t pids[1];
     cr_assert_eq(read_pids(pidfile, pids, 1), 1);
-    bool gone = all_gone(pids, 1, 0.5);
-    if (!gone)
-        kill_all(pids, 1);
-    cr_assert(gone, "the leftover ignoring SIGTERM outlived symmrun");
+    expect_gone(pids, 1, 0.5, "the leftover ignoring SIGTERM");
     cr_assert(r.elapsed > 1.9 && r.elapsed < 4.5, "took %.2f s; expected SIGKILL 2 s after SIGTERM", r.elapsed);
     release(&r);
     wf_rmtree(dir);
@@ -687,10 +680,7 @@ Test(symmrun, child_of_a_rank_killed_by_sigkill_is_stopped)
     cr_assert_eq(r.code, 128 + SIGKILL, "exit %d; stderr: %s", r.code, r.buf[1]);
     pid_t pids[2];
     cr_assert_eq(read_pids(pidfile, pids, 2), 2);
-    bool gone = all_gone(pids, 2, 0.5);
-    if (!gone)
-        kill_all(pids, 2);
-    cr_assert(gone, "a child of the killed rank outlived symmrun");
+    expect_gone(pids, 2, 0.5, "a child of the killed rank");
     release(&r);
     wf_rmtree(dir);
 }
