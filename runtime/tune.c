@@ -26,6 +26,9 @@ static const struct knob {
     {"PDL", 0, 1},         /* 1: dispatch and combine launched as programmatic dependents (default 1) */
     {"DEDUP", 0, 1},       /* dispatch, layout expert: 1: a token's row goes to each peer once (default 1) */
     {"PUSH_PARTIALS", 0, 1}, /* combine, layout expert by rank: 1: a peer pushes one partial sum per token */
+    {"PARTIAL_SLOTS", 1, 4}, /* combine, PUSH_PARTIALS: staging slots a push warp loads ahead through */
+    {"PARTIAL_LANES", 0, 1}, /* combine, PUSH_PARTIALS: 1: the lanes store a part at the peer (0: a bulk copy) */
+    {"PUSH_INTERLEAVE", 0, 1}, /* combine, layout rank at world > 2: 1: push batches go round the peers */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
@@ -35,7 +38,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
     out->profile = false;
     out->pdl = true;
     /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
-    char list[320];
+    char list[400];
     size_t at = 0;
     for (size_t k = 0; k < SYMM_ARRAY_LEN(knobs) && at < sizeof list; k++)
         at += (size_t)snprintf(list + at, sizeof list - at, "%s%s %ld..%ld", k ? ", " : "", knobs[k].name,

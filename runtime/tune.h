@@ -14,7 +14,7 @@
 
 #include "symm_status.h"
 
-#define SYMM_TUNE_MAX_ITEMS 12
+#define SYMM_TUNE_MAX_ITEMS 15
 #define SYMM_TUNE_OPTION_LEN 48
 
 typedef struct symm_tune {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench-tune.sh: time several kernel tunings (SYMM_TUNE, docs/api.md "Tuning")
-# side by side on a GPU host with 2 GPUs: one moe_bench run per tuning
+# side by side on a GPU host (world 2, or BENCH_WORLD ranks, one per GPU):
+# one moe_bench run per tuning
 # (native backend and copy-engine ceiling; no NCCL, which no knob changes),
 # each checked bit for bit against the CPU reference before it is timed, then
 # one table of dispatch and combine p50 per row and tuning.
@@ -9,7 +10,9 @@
 #   a TUNING is a SYMM_TUNE value in quotes ("" or default: the defaults), e.g.
 #   scripts/bench-tune.sh --groups a,b default "PUSH_WARPS=4" "PUSH_WARPS=12,PUSH_BATCH=8"
 # environment: SYMM_BUILD_DIR (default build), BENCH_OUT (default bench/out/tune),
-#   BENCH_GPUS (default 0,1), BENCH_TIMEOUT (seconds per tuning, default 240).
+#   BENCH_WORLD (ranks, one per GPU; default 2: specs/bench.lua's world, else
+#   generated with -D world=N), BENCH_GPUS (default 0,1,...,BENCH_WORLD-1),
+#   BENCH_TIMEOUT (seconds per tuning, default 240).
 # Output: $BENCH_OUT/tune-N.csv and tune-N.log per tuning, tune.md (the table).
 # Exit status: 0 every tuning ran and passed; 1 otherwise; 0 with a note
 # when there is no GPU.
@@ -17,7 +20,7 @@ set -uo pipefail
 build=${SYMM_BUILD_DIR:-build}
 outdir=${BENCH_OUT:-bench/out/tune}
 limit=${BENCH_TIMEOUT:-240}
-gpus=${BENCH_GPUS:-0,1}
+world=${BENCH_WORLD:-2}
 groups=a,b,f
 note() { echo "bench-tune: $*"; }
 
@@ -37,21 +40,27 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     exit 0
 fi
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
-[ "$ngpu" -ge 2 ] || { note "needs 2 GPUs (one rank per GPU), found $ngpu"; exit 1; }
+if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" ]; then
+    note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (found $ngpu GPUs)"
+    exit 1
+fi
+gpus=${BENCH_GPUS:-$(seq -s, 0 $((world - 1)))}
 for bin in bin/symmgen bin/symmrun bench/moe_bench; do
     [ -x "$build/$bin" ] || { note "$build/$bin is missing: build first (make BUILD=$build gpu-build)"; exit 1; }
 done
 mkdir -p "$outdir" || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
-"$build/bin/symmgen" -q -o out/bench specs/bench.lua || { note "symmgen specs/bench.lua failed"; exit 1; }
+world_args=()
+[ "$world" -ne 2 ] && world_args=(-D "world=$world")
+"$build/bin/symmgen" -q "${world_args[@]}" -o out/bench specs/bench.lua || { note "symmgen specs/bench.lua failed"; exit 1; }
 
 failed=0
 for i in "${!tunings[@]}"; do
     t=${tunings[$i]}
     [ "$t" = default ] && t=
     note "tuning $i: ${t:-the defaults}"
-    SYMM_TUNE=$t timeout -k 10 "$limit" "$build/bin/symmrun" -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
+    SYMM_TUNE=$t timeout -k 10 "$limit" "$build/bin/symmrun" -n "$world" --gpus "$gpus" -- "$build/bench/moe_bench" \
         --manifest out/bench/manifest.json --groups "$groups" --no-nccl --csv "$outdir/tune-$i.csv" \
         > "$outdir/tune-$i.log" 2>&1
     rc=$?

@@ -7,6 +7,9 @@
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
+#        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
+#        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
+#        at the host's world with PUSH_INTERLEAVE on and off),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
 #        each path, bench/NOTES.md 42), example (examples/c at 2 ranks),
 #        python (the PyTorch package installed offline into python3, the one
@@ -61,6 +64,10 @@ for s in "$@"; do
         done ;;
     partials) # layout expert's partial sums pushed whole (default only above max_tokens 512)
         step check-w2-partials 240 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20
+        for knobs in PARTIAL_SLOTS=2 PARTIAL_SLOTS=3 PARTIAL_LANES=0 PARTIAL_LANES=0,PARTIAL_SLOTS=2; do
+            step "check-w2-partials-$knobs" 240 env SYMM_TUNE=PUSH_PARTIALS=1,$knobs $run -n 2 --gpus "$gpus" -- \
+                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2
+        done
         step sanitizer-memcheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
@@ -106,6 +113,14 @@ for s in "$@"; do
     dedup) step dedup 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/dedup" scripts/bench-tune.sh --groups g default DEDUP=0 \
             PUSH_WARPS=4,PUSH_WARPS_SMALL=3 BULK_SLOTS=2
           [ -f "$out/dedup/tune.md" ] && cp "$out/dedup/tune.md" "$final/dedup.md" ;;
+    slots) # layout expert's partial sums: staging slots (bench/NOTES.md 52), rows g at world 2
+        step slots 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/slots" scripts/bench-tune.sh --groups "${SLOTS_GROUPS:-g}" \
+            ${SLOTS_TUNINGS:-default PARTIAL_SLOTS=2 PARTIAL_SLOTS=3 PARTIAL_LANES=0}
+          [ -f "$out/slots/tune.md" ] && cp "$out/slots/tune.md" "$final/slots.md" ;;
+    interleave) # layout rank's pushes round the peers (bench/NOTES.md 53), rows a, b at the host's world
+        step interleave 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/interleave" BENCH_WORLD="$ngpu" scripts/bench-tune.sh --groups a,b,f \
+            default PUSH_INTERLEAVE=0
+          [ -f "$out/interleave/tune.md" ] && cp "$out/interleave/tune.md" "$final/interleave.md" ;;
     proxy)
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"

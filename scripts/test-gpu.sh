@@ -174,8 +174,8 @@ done
 # results, bit for bit, on the default spec at world 2 (quick matrix).
 if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
     out=$build/gpu-out/default
-    for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PDL=0,DEDUP=0,PUSH_PARTIALS=0" \
-                "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PDL=1,DEDUP=1,PUSH_PARTIALS=1"; do
+    for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PDL=0,DEDUP=0,PUSH_PARTIALS=0,PARTIAL_SLOTS=1,PARTIAL_LANES=0,PUSH_INTERLEAVE=0" \
+                "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PDL=1,DEDUP=1,PUSH_PARTIALS=1,PARTIAL_SLOTS=4,PARTIAL_LANES=1,PUSH_INTERLEAVE=1"; do
         note "default: world 2, native, SYMM_TUNE=$tune"
         variants=()
         SYMM_TUNE=$tune native_check 2 "check default world 2, SYMM_TUNE=$tune" --manifest "$out/manifest.json" --quick
