@@ -2312,6 +2312,13 @@ static void check_hosts(check *c, sg_variant *v, const bool *ok)
                              "world / hosts ranks)", v->world, v->hosts[i]);
                 return;
             }
+    if (ok[F_WORLD] && ok[F_EXPERTS] && ok[F_TOPK])
+        for (int i = 0; i < v->n_hosts; i++)
+            if (v->experts / v->hosts[i] < v->topk) {
+                got_expected(c, F_HOSTS, "host counts H with topk (%d) at most experts / H (the companion of %d "
+                             "hosts has %d experts)", v->topk, v->hosts[i], v->experts / v->hosts[i]);
+                return;
+            }
     if (ok[F_MAX_TOKENS])
         for (int i = 0; i < v->n_hosts; i++)
             if ((int64_t)v->hosts[i] * v->max_tokens > 1048576) {

@@ -2005,6 +2005,7 @@ Test(spec, hosts_add_a_companion_per_host_count_after_the_variant)
     shape s = random_shape();
     s.world = 4 * (int)rnd(1, 4);
     s.experts = s.world * (int)rnd(1, 8);
+    s.topk = (int)rnd(1, s.experts / 4 < 16 ? (unsigned)s.experts / 4 : 16);
     s.max_tokens = (int)rnd(1, 2048);
     const int expert = (int)rnd(0, 1), align = expert ? (int)rnd(1, 64) : 1;
     shape t = random_shape();
@@ -2066,6 +2067,8 @@ Test(spec, hosts_errors_name_the_field_and_what_was_expected)
         { ", layout = \"expert\", combine_order = \"k\"", "{ 2 }",
           "not with combine_order \"k\" (across hosts every (token, expert) row would cross the network back): "
           "use combine_order \"rank\", or the nccl backend without hosts" },
+        { ", topk = 3", "{ 4 }", "got {4}, expected host counts H with topk (3) at most experts / H (the companion "
+          "of 4 hosts has 2 experts)" },
         { ", max_tokens = 600000", "{ 2 }",
           "got {2}, expected host counts H with H * max_tokens at most 1048576 (the companion of 2 hosts takes "
           "2 * 600000 tokens a call)" },
