@@ -2621,11 +2621,12 @@ static int add_companions(const sg_variant *in, size_t n, sg_variant **out, size
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const sg_variant *p = &in[i];
-        all[k++] = *p;
+        /* Copies with their padding, so that two loads compare equal byte for byte. */
+        memcpy(&all[k++], p, sizeof *p);
         for (int h = 0; h < p->n_hosts; h++) {
             sg_variant *c = &all[k++];
             const int H = p->hosts[h];
-            *c = *p;
+            memcpy(c, p, sizeof *c);
             c->n_hosts = 0;
             c->companion_hosts = H;
             snprintf(c->companion_of, sizeof c->companion_of, "%s", p->name);

@@ -1535,7 +1535,7 @@ static const char *spoil(int i, symm_ref_config *c)
     case 26: c->combine_order = (symm_combine_order)2; return "combine_order";
     case 27: c->layout = SYMM_LAYOUT_RANK; c->align = 1; c->combine_order = SYMM_COMBINE_ORDER_K;
              return "combine_order";
-    case 28: c->hosts = 3; return "hosts";
+    case 28: c->hosts = c->world + 1; return "hosts";
     case 29: c->hosts = -1; return "hosts";
     }
     return NULL;

@@ -401,6 +401,10 @@ static bool same_variants(const sg_spec *a, const sg_spec *b)
         if (!x.file || !y.file || strcmp(x.file, y.file) != 0)
             return false;
         x.file = y.file = NULL;
+        /* Companions point into their own spec: the same place in both. */
+        if ((x.companions ? x.companions - a->variants : -1) != (y.companions ? y.companions - b->variants : -1))
+            return false;
+        x.companions = y.companions = NULL;
         if (memcmp(&x, &y, sizeof x) != 0)
             return false;
     }
