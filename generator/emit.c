@@ -261,38 +261,118 @@ static int expand_named(const sg_template *table, const char *name, const sg_var
     return sg_expand(t, vars, line_directives, out, diag);
 }
 
+#define TEMPLATE_DESC "templates/desc.c.in"
+
+/* v's CUDA source (TEMPLATE_CU and its parts) into cu, its SHA-256, and the
+ * stub's holes that carry it (CUDA_SOURCE, CUDA_SOURCE_LEN, SOURCE_SHA256)
+ * into vars, which hold v's values and HEADER. */
+static int generate_cu(const sg_template *table, const sg_variant *v, sg_vars *vars, sg_buf *cu, char *sha256,
+                       sg_diag *diag)
+{
+    int st = expand_named(table, TEMPLATE_CU, vars, true, cu, diag);
+    for (size_t i = 0; st == SG_EXIT_OK && i < sizeof CU_PARTS / sizeof CU_PARTS[0]; i++) {
+        if (cu->len && cu->data[cu->len - 1] != '\n')
+            sg_buf_puts(cu, "\n");
+        sg_buf_printf(cu, "#line 1 \"%s\"\n", CU_PARTS[i]);
+        st = expand_named(table, CU_PARTS[i], vars, true, cu, diag);
+    }
+    if (st != SG_EXIT_OK)
+        return st;
+    symm_sha256_hex_of(cu->data, cu->len, sha256);
+    char symbol[SG_NAME_MAX + 16];
+    snprintf(symbol, sizeof symbol, "%s_source", v->name);
+    sg_buf text = {0};
+    sg_c_source_array(symbol, cu->data, cu->len, &text);
+    sg_vars_set(vars, "SOURCE_SHA256", "%s", sha256);
+    sg_vars_set(vars, "CUDA_SOURCE", "%s", text.data);
+    sg_vars_set(vars, "CUDA_SOURCE_LEN", "%zu", cu->len);
+    sg_buf_free(&text);
+    return SG_EXIT_OK;
+}
+
+/* The values of v's own template holes, HEADER included, and the stub's
+ * description fields of a variant without companions. */
+static int variant_vars(const sg_variant *v, const char *spec_path, sg_vars *vars, sg_diag *diag)
+{
+    if (sg_vars_for_variant(v, spec_path, vars) != 0) {
+        sg_diag_add(diag, "internal error: variant %s: no template values", v->name);
+        return SG_EXIT_INTERNAL;
+    }
+    sg_buf text = {0};
+    sg_header(v, spec_path, &text);
+    sg_vars_set(vars, "HEADER", "%s", text.data);
+    sg_buf_free(&text);
+    sg_vars_set(vars, "COMPANION_HOSTS", "%d", v->companion_hosts);
+    sg_vars_set(vars, "COMPANIONS_PTR", "NULL");
+    sg_vars_set(vars, "N_COMPANIONS", "0");
+    sg_vars_set(vars, "COMPANIONS", "%s", "");
+    return SG_EXIT_OK;
+}
+
+/* The stub's COMPANIONS hole of v (each companion's CUDA source, options
+ * and description, in an array NAME_companions) and the description fields
+ * that point to it. */
+static int companion_block(const sg_template *table, const sg_variant *v, const char *spec_path, sg_vars *vars,
+                           sg_diag *diag)
+{
+    if (v->n_companions == 0)
+        return SG_EXIT_OK;
+    sg_buf sources = {0}, descs = {0};
+    int st = SG_EXIT_OK;
+    sg_buf_printf(&descs, "static const symm_variant_desc %s_companions[%d] = {\n", v->name, v->n_companions);
+    for (int i = 0; i < v->n_companions && st == SG_EXIT_OK; i++) {
+        const sg_variant *c = &v->companions[i];
+        sg_vars cv = {0};
+        sg_buf cu = {0};
+        char sha[65];
+        st = variant_vars(c, spec_path, &cv, diag);
+        if (st == SG_EXIT_OK)
+            st = generate_cu(table, c, &cv, &cu, sha, diag);
+        if (st == SG_EXIT_OK) {
+            sg_buf_printf(&sources, "\n/* Companion %s: the native part on %d hosts (docs/protocol.md, "
+                          "\"Across hosts\"). */\n%s\n\nstatic const char *const %s_nvrtc_options[] = { %s };\n",
+                          c->name, c->companion_hosts, sg_vars_get(&cv, "CUDA_SOURCE"), c->name,
+                          sg_vars_get(&cv, "NVRTC_OPTIONS"));
+            sg_buf_puts(&descs, "{\n");
+            st = expand_named(table, TEMPLATE_DESC, &cv, false, &descs, diag);
+            sg_buf_puts(&descs, "},\n");
+        }
+        sg_buf_free(&cu);
+        sg_vars_free(&cv);
+    }
+    sg_buf_puts(&descs, "};\n");
+    if (st == SG_EXIT_OK) {
+        sg_buf_puts(&sources, "\n");
+        sg_buf_puts(&sources, descs.data);
+        sg_vars_set(vars, "COMPANIONS", "%s", sources.data);
+        sg_vars_set(vars, "COMPANIONS_PTR", "%s_companions", v->name);
+        sg_vars_set(vars, "N_COMPANIONS", "%d", v->n_companions);
+    }
+    sg_buf_free(&sources);
+    sg_buf_free(&descs);
+    return st;
+}
+
 int sg_generate_variant(const sg_template *table, const sg_variant *v, const char *spec_path,
                         sg_generated *out, sg_diag *diag)
 {
     sg_vars vars = {0};
-    sg_buf text = {0};
     memset(out, 0, sizeof *out);
     out->variant = v;
-    if (sg_vars_for_variant(v, spec_path, &vars) != 0) {
-        sg_diag_add(diag, "internal error: variant %s: no template values", v->name);
-        return SG_EXIT_INTERNAL;
-    }
-    sg_header(v, spec_path, &text);
-    sg_vars_set(&vars, "HEADER", "%s", text.data);
-
-    int st = expand_named(table, TEMPLATE_CU, &vars, true, &out->cu, diag);
-    for (size_t i = 0; st == SG_EXIT_OK && i < sizeof CU_PARTS / sizeof CU_PARTS[0]; i++) {
-        if (out->cu.len && out->cu.data[out->cu.len - 1] != '\n')
-            sg_buf_puts(&out->cu, "\n");
-        sg_buf_printf(&out->cu, "#line 1 \"%s\"\n", CU_PARTS[i]);
-        st = expand_named(table, CU_PARTS[i], &vars, true, &out->cu, diag);
-    }
+    int st = variant_vars(v, spec_path, &vars, diag);
+    if (st == SG_EXIT_OK)
+        st = generate_cu(table, v, &vars, &out->cu, out->source_sha256, diag);
+    if (st == SG_EXIT_OK)
+        st = companion_block(table, v, spec_path, &vars, diag);
     if (st == SG_EXIT_OK) {
-        symm_sha256_hex_of(out->cu.data, out->cu.len, out->source_sha256);
-        char symbol[SG_NAME_MAX + 16];
-        snprintf(symbol, sizeof symbol, "%s_source", v->name);
-        text.len = 0;
-        sg_c_source_array(symbol, out->cu.data, out->cu.len, &text);
-        sg_vars_set(&vars, "SOURCE_SHA256", "%s", out->source_sha256);
-        sg_vars_set(&vars, "CUDA_SOURCE", "%s", text.data);
-        sg_vars_set(&vars, "CUDA_SOURCE_LEN", "%zu", out->cu.len);
-        st = expand_named(table, TEMPLATE_H, &vars, false, &out->h, diag);
+        sg_buf fields = {0};
+        st = expand_named(table, TEMPLATE_DESC, &vars, false, &fields, diag);
+        if (st == SG_EXIT_OK)
+            sg_vars_set(&vars, "DESC_FIELDS", "%s", fields.data);
+        sg_buf_free(&fields);
     }
+    if (st == SG_EXIT_OK)
+        st = expand_named(table, TEMPLATE_H, &vars, false, &out->h, diag);
     if (st == SG_EXIT_OK)
         st = expand_named(table, TEMPLATE_C, &vars, false, &out->c, diag);
     if (st == SG_EXIT_OK) {
@@ -305,7 +385,6 @@ int sg_generate_variant(const sg_template *table, const sg_variant *v, const cha
         symm_sha256_final(&h, digest);
         symm_sha256_hex(digest, out->content_sha256);
     }
-    sg_buf_free(&text);
     sg_vars_free(&vars);
     if (st != SG_EXIT_OK)
         sg_generated_free(out);

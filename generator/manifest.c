@@ -179,6 +179,21 @@ static void variant_members(json *j, const sg_variant *v, const sg_generated *g)
     num(j, "worst_capacity", (long long)l.worst_capacity);
     num(j, "align", v->align);
     num(j, "sms", v->sms);
+    /* Across hosts: a variant's companions, or a companion's parent. */
+    if (v->n_companions > 0) {
+        open_(j, "companions", '[', false);
+        for (int i = 0; i < v->n_companions; i++) {
+            open_(j, NULL, '{', true);
+            num(j, "hosts", v->companions[i].companion_hosts);
+            str(j, "name", v->companions[i].name);
+            close_(j, '}');
+        }
+        close_(j, ']');
+    }
+    if (v->companion_hosts > 0) {
+        str(j, "companion_of", v->companion_of);
+        num(j, "hosts", v->companion_hosts);
+    }
     num(j, "symmetric_bytes", (long long)l.symmetric_bytes);
     num(j, "scratch_bytes", (long long)l.scratch_bytes);
     open_(j, "regions", '[', false);

@@ -137,7 +137,8 @@ static char *read_manifest(const char *dir, size_t *len, char *why, size_t why_s
     return text;
 }
 
-/* The root of a manifest symmgen wrote: a JSON object with "format": 1 and a
+/* The root of a manifest symmgen wrote: a JSON object with a "format" of
+ * 1..SG_MANIFEST_FORMAT (an older symmgen's output may be replaced) and a
  * "symmgen" version string. NULL (and why) for any other text. */
 static const symm_json *our_manifest(const char *text, size_t len, symm_json_doc **doc, char *why,
                                      size_t why_size)
@@ -159,11 +160,11 @@ static const symm_json *our_manifest(const char *text, size_t len, symm_json_doc
     const symm_json *format = symm_json_member(root, "format", NULL);
     const symm_json *version = symm_json_member(root, "symmgen", NULL);
     if (root && root->type == SYMM_JSON_OBJECT && format && format->type == SYMM_JSON_NUMBER &&
-        format->is_int && format->integer == SG_MANIFEST_FORMAT && version &&
+        format->is_int && format->integer >= 1 && format->integer <= SG_MANIFEST_FORMAT && version &&
         version->type == SYMM_JSON_STRING)
         return root;
     snprintf(why, why_size, "manifest.json is not a symmgen manifest: expected an object with "
-             "\"format\": %d and a \"symmgen\" version string", SG_MANIFEST_FORMAT);
+             "\"format\": 1..%d and a \"symmgen\" version string", SG_MANIFEST_FORMAT);
     return NULL;
 }
 

@@ -16,6 +16,8 @@
 #include "symm_types.h"
 
 #define SG_NAME_MAX 64
+/* Most entries of a variant's hosts (distinct divisors > 1 of a world <= 128). */
+#define SG_MAX_HOSTS 16
 
 /* NVRTC options of every variant (besides --gpu-architecture): symmgen
  * --compile and the runtime's JIT use exactly these (vars.c writes them into
@@ -46,6 +48,17 @@ typedef struct sg_variant {
                              * rows of y, which then live in the symmetric buffer */
     symm_combine_order combine_order; /* layout expert: partial sums per rank (default) or
                              * the ascending-k sum of every (token, expert) row */
+    int hosts[SG_MAX_HOSTS]; /* field hosts: the host counts, ascending, each > 1 dividing world */
+    int n_hosts;             /* 0: one host only */
+    /* A companion (the native part of the hybrid backend on hosts H): the
+     * variant of one host's ranks that spec.c adds after its parent, world
+     * / H ranks, experts / H, H * max_tokens. 0 / "" for a spec's variant. */
+    int companion_hosts;
+    char companion_of[SG_NAME_MAX];
+    /* A spec's variant with hosts: its companions (n_hosts of them, in the
+     * order of hosts), in the same sg_spec's variants. */
+    const struct sg_variant *companions;
+    int n_companions;
 } sg_variant;
 
 /* A loaded spec: its path as given and its variants in declaration order. */
@@ -246,7 +259,7 @@ int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_o
 
 /* The "format" of manifest.json (manifest.c); output.c recognises a
  * directory it may replace by it. */
-#define SG_MANIFEST_FORMAT 1
+#define SG_MANIFEST_FORMAT 2
 
 /* manifest.c: JSON of one variant as in manifest.json, indented by indent
  * spaces (its first line unindented); g NULL leaves out files and hashes. */

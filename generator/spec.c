@@ -76,16 +76,16 @@
 
 enum field {
     F_NAME, F_HIDDEN, F_TOPK, F_EXPERTS, F_WORLD, F_MAX_TOKENS, F_DTYPE,
-    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COMBINE_ORDER, F_COUNT
+    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COMBINE_ORDER, F_HOSTS, F_COUNT
 };
 
 static const char *const field_names[F_COUNT] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
-    "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine", "combine_order",
+    "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine", "combine_order", "hosts",
 };
 
 #define ACCEPTED_FIELDS "name, hidden, topk, experts, world, max_tokens, dtype, " \
-                        "combine_dtype, layout, weights, capacity, align, sms, combine, combine_order"
+                        "combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts"
 
 /* Integer fields and their ranges, checked one field at a time; the checks
  * that combine fields come after (check_combinations). */
@@ -193,7 +193,11 @@ static const char *const derived_macros[] = {
     "_HIDDEN", "_TOPK", "_EXPERTS", "_WORLD", "_LOCAL_EXPERTS", "_MAX_TOKENS", "_CAPACITY", "_WEIGHTS",
 };
 
-typedef enum raw_kind { RAW_ABSENT, RAW_INT, RAW_FLOAT, RAW_STRING, RAW_BOOL, RAW_OTHER } raw_kind;
+typedef enum raw_kind { RAW_ABSENT, RAW_INT, RAW_FLOAT, RAW_STRING, RAW_BOOL, RAW_OTHER, RAW_LIST } raw_kind;
+
+/* Most elements of a list value (hosts = { ... }) kept; a longer list is
+ * "a table". */
+#define LIST_MAX SG_MAX_HOSTS
 
 /* A value as the spec wrote it, copied out of Lua. */
 typedef struct raw_value {
@@ -201,7 +205,8 @@ typedef struct raw_value {
     int64_t i;
     double f;
     bool b;
-    char *s;            /* RAW_STRING: the first KEEP_STRING bytes, NUL-terminated */
+    char *s;            /* RAW_STRING: the first KEEP_STRING bytes, NUL-terminated;
+                           RAW_LIST: its integers in decimal, comma-separated */
     size_t len;         /* RAW_STRING: the full length */
     const char *other;  /* RAW_OTHER: "a table", "a function", ... */
 } raw_value;
@@ -357,6 +362,12 @@ static void format_value(char *buf, const raw_value *v)
     case RAW_STRING: quote(buf, v->s, v->len); break;
     case RAW_OTHER: append(buf, "%s", v->other); break;
     case RAW_ABSENT: append(buf, "nothing"); break;
+    case RAW_LIST:
+        append(buf, "{");
+        for (const char *p = v->s; *p; p++)
+            append(buf, *p == ',' ? ", " : "%c", *p);
+        append(buf, "}");
+        break;
     }
 }
 
@@ -853,6 +864,50 @@ static int spec_msgh(lua_State *L)
     return 1;
 }
 
+/* A table that is a sequence of at most LIST_MAX integers (integral floats
+ * included) and nothing else becomes a RAW_LIST; any other table is left
+ * for copy_value to call "a table". Raw accesses only: no metamethod of the
+ * spec runs. -1: out of memory. */
+static int copy_list(lua_State *L, int idx, raw_value *out)
+{
+    idx = lua_absindex(L, idx);
+    lua_Unsigned n = lua_rawlen(L, idx);
+    if (n > LIST_MAX)
+        return 0;
+    size_t keys = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        keys++;
+        lua_pop(L, 1);
+    }
+    if (keys != n)
+        return 0;
+    char text[LIST_MAX * 22 + 1] = "";
+    size_t used = 0;
+    for (lua_Unsigned i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, (lua_Integer)i);
+        lua_Integer x = 0;
+        bool integral = lua_isinteger(L, -1);
+        if (integral) {
+            x = lua_tointeger(L, -1);
+        } else if (lua_type(L, -1) == LUA_TNUMBER) {
+            double f = lua_tonumber(L, -1);
+            integral = isfinite(f) && f == floor(f) && fabs(f) < 9.0e18;
+            x = integral ? (lua_Integer)f : 0;
+        }
+        lua_pop(L, 1);
+        if (!integral)
+            return 0;
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%lld", i > 1 ? "," : "", (long long)x);
+    }
+    if (used > KEEP_STRING)
+        return 0;
+    if (keep_string(out, text, used) != 0)
+        return -1;
+    out->kind = RAW_LIST;
+    return 0;
+}
+
 static int copy_value(lua_State *L, int idx, raw_value *out)
 {
     memset(out, 0, sizeof *out);
@@ -870,7 +925,9 @@ static int copy_value(lua_State *L, int idx, raw_value *out)
         size_t len;
         const char *s = lua_tolstring(L, idx, &len);
         return keep_string(out, s, len);
-    } else {
+    } else if (type == LUA_TTABLE && copy_list(L, idx, out) != 0) {
+        return -1;
+    } else if (out->kind != RAW_LIST) {
         out->kind = RAW_OTHER;
         out->other = type_phrase(type);
     }
@@ -1569,7 +1626,7 @@ static void put_value(wire *w, const raw_value *v)
     uint64_t head[5] = { (uint64_t)v->kind, (uint64_t)v->i, 0, v->b, other };
     memcpy(&head[2], &v->f, sizeof v->f);
     put(w, head, sizeof head);
-    if (v->kind == RAW_STRING) {
+    if (v->kind == RAW_STRING || v->kind == RAW_LIST) {
         /* (The kept bytes may hold a NUL: keep_string's count, not strlen.) */
         put_u64(w, v->len);
         put_bytes(w, v->s, v->len < KEEP_STRING ? v->len : KEEP_STRING);
@@ -1581,7 +1638,7 @@ static void take_value(wire *w, raw_value *v)
     uint64_t head[5];
     take(w, head, sizeof head);
     memset(v, 0, sizeof *v);
-    if (head[0] > RAW_OTHER || head[4] >= sizeof other_phrases / sizeof other_phrases[0]) {
+    if (head[0] > RAW_LIST || head[4] >= sizeof other_phrases / sizeof other_phrases[0]) {
         w->failed = true;
         return;
     }
@@ -1591,7 +1648,7 @@ static void take_value(wire *w, raw_value *v)
     v->b = head[3] != 0;
     if (v->kind == RAW_OTHER)
         v->other = other_phrases[head[4]];
-    if (v->kind == RAW_STRING) {
+    if (v->kind == RAW_STRING || v->kind == RAW_LIST) {
         v->len = (size_t)take_u64(w);
         size_t kept = 0;
         v->s = take_bytes(w, &kept);
@@ -1878,6 +1935,51 @@ static void parse_override_value(const char *text, raw_value *out)
     }
 }
 
+/* -D hosts=2,4 (or {2,4}; "" or {} for none): a RAW_LIST when every
+ * element is a decimal integer, else the text as a string (which the
+ * checks then refuse, quoting it). */
+static void parse_override_list(const char *text, raw_value *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n = strlen(text);
+    const char *p = text, *end = text + n;
+    if (n >= 2 && text[0] == '{' && text[n - 1] == '}') {
+        p++;
+        end--;
+    }
+    char canon[KEEP_STRING + 1];
+    size_t used = 0, count = 0;
+    bool ok = true;
+    while (ok && p < end) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *stop = comma ? comma : end;
+        while (p < stop && *p == ' ')
+            p++;
+        size_t len = (size_t)(stop - p);
+        while (len > 0 && p[len - 1] == ' ')
+            len--;
+        ok = len > 0 && len <= 9 && strspn(p, "0123456789") >= len && count < LIST_MAX;
+        if (ok) {
+            int k = snprintf(canon + used, sizeof canon - used, "%s%.*s", count ? "," : "", (int)len, p);
+            ok = k > 0 && used + (size_t)k < sizeof canon;
+            used += ok ? (size_t)k : 0;
+            count++;
+        }
+        p = comma ? comma + 1 : end;
+        ok = ok && !(comma && p == end);
+    }
+    if (!ok) {
+        parse_override_value(text, out);
+        return;
+    }
+    if (keep_string(out, canon, used) != 0) {
+        out->kind = RAW_OTHER;
+        out->other = "a string (out of memory copying it)";
+        return;
+    }
+    out->kind = RAW_LIST;
+}
+
 /* Parses every -D; by_field[f] is the last one naming f. Returns the errors. */
 static int parse_overrides(const sg_override *in, size_t n, override *out, const override **by_field,
                            sg_diag *diag)
@@ -1910,7 +2012,10 @@ static int parse_overrides(const sg_override *in, size_t n, override *out, const
             sg_diag_add(diag, "%s: name cannot be overridden (each variant needs its own)", o->origin);
         } else {
             o->field = (enum field)f;
-            parse_override_value(value, &o->value);
+            if (f == F_HOSTS)
+                parse_override_list(value, &o->value);
+            else
+                parse_override_value(value, &o->value);
             by_field[f] = o;
             continue;
         }
@@ -2158,6 +2263,74 @@ static void check_ints(check *c, sg_variant *v, bool *ok)
     v->sms = (int)n[F_SMS];
 }
 
+#define HOSTS_WHAT "a list of host counts, each an integer 2..world dividing world, e.g. {2, 4}"
+
+/* hosts: absent or {} is none; else distinct integers >= 2, kept
+ * ascending in v->hosts (the companions' order). The checks against world
+ * and the other fields are check_hosts'. */
+static bool take_hosts(check *c, sg_variant *v)
+{
+    const raw_value *h = value_of(c, F_HOSTS);
+    v->n_hosts = 0;
+    if (h->kind == RAW_ABSENT)
+        return true;
+    if (h->kind != RAW_LIST) {
+        got_expected(c, F_HOSTS, HOSTS_WHAT);
+        return false;
+    }
+    for (const char *p = h->s; *p;) {
+        char *end;
+        long long x = strtoll(p, &end, 10);
+        if (x < 2 || x > 128) {
+            got_expected(c, F_HOSTS, "host counts 2..128 (%lld is not; hosts lists the counts of a world of "
+                         "several hosts)", x);
+            return false;
+        }
+        for (int i = 0; i < v->n_hosts; i++)
+            if (v->hosts[i] == x) {
+                got_expected(c, F_HOSTS, "distinct host counts (%lld is listed twice)", x);
+                return false;
+            }
+        int i = v->n_hosts++;
+        for (; i > 0 && v->hosts[i - 1] > x; i--)
+            v->hosts[i] = v->hosts[i - 1];
+        v->hosts[i] = (int)x;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return true;
+}
+
+/* hosts against world, max_tokens and combine_order. */
+static void check_hosts(check *c, sg_variant *v, const bool *ok)
+{
+    if (!ok[F_HOSTS] || v->n_hosts == 0)
+        return;
+    if (ok[F_WORLD])
+        for (int i = 0; i < v->n_hosts; i++)
+            if (v->hosts[i] > v->world || v->world % v->hosts[i] != 0) {
+                got_expected(c, F_HOSTS, "host counts that divide world (%d): %d does not (every host has "
+                             "world / hosts ranks)", v->world, v->hosts[i]);
+                return;
+            }
+    if (ok[F_WORLD] && ok[F_EXPERTS] && ok[F_TOPK])
+        for (int i = 0; i < v->n_hosts; i++)
+            if (v->experts / v->hosts[i] < v->topk) {
+                got_expected(c, F_HOSTS, "host counts H with topk (%d) at most experts / H (the companion of %d "
+                             "hosts has %d experts)", v->topk, v->hosts[i], v->experts / v->hosts[i]);
+                return;
+            }
+    if (ok[F_MAX_TOKENS])
+        for (int i = 0; i < v->n_hosts; i++)
+            if ((int64_t)v->hosts[i] * v->max_tokens > 1048576) {
+                got_expected(c, F_HOSTS, "host counts H with H * max_tokens at most 1048576 (the companion of "
+                             "%d hosts takes %d * %d tokens a call)", v->hosts[i], v->hosts[i], v->max_tokens);
+                return;
+            }
+    if (ok[F_COMBINE_ORDER] && v->combine_order == SYMM_COMBINE_ORDER_K)
+        field_error(c, F_HOSTS, "not with combine_order \"k\" (across hosts every (token, expert) row would "
+                    "cross the network back): use combine_order \"rank\", or the nccl backend without hosts");
+}
+
 /* dtype, combine_dtype, layout, weights, combine. */
 static void check_choices(check *c, sg_variant *v, bool *ok)
 {
@@ -2191,6 +2364,7 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
     ok[F_COMBINE_ORDER] = value_of(c, F_COMBINE_ORDER)->kind == RAW_ABSENT ||
                           take_choice(c, F_COMBINE_ORDER, combine_order_names, 2, &order);
     v->combine_order = (symm_combine_order)order;
+    ok[F_HOSTS] = take_hosts(c, v);
 }
 
 /* The largest max_tokens whose worst case fits both limits (0 if none). */
@@ -2277,6 +2451,7 @@ static void check_combinations(check *c, sg_variant *v, const bool *ok)
     if (shape && aligned && ok[F_HIDDEN] && ok[F_MAX_TOKENS] && ok[F_DTYPE] && ok[F_COMBINE_DTYPE] &&
         ok[F_CAPACITY])
         check_sizes(c, v);
+    check_hosts(c, v, ok);
 }
 
 static void check_variant(check *c, const name_use *use, sg_variant *v)
@@ -2426,6 +2601,84 @@ static int validate(const spec_run *run, const override *const *ovr, bool *bad, 
     return errors;
 }
 
+/* Each variant with hosts followed by its companions, one per host count
+ * H: the variant of one host's ranks that the hybrid backend runs natively
+ * (world / H, experts / H, H * max_tokens; the capacity is the variant's,
+ * whose worst case the companion's equals; everything else the same).
+ * *out is a new array (n_out entries) whose variants point to their
+ * companions. Returns the errors (names too long or taken). */
+static int add_companions(const sg_variant *in, size_t n, sg_variant **out, size_t *n_out, sg_diag *diag)
+{
+    size_t total = n;
+    for (size_t i = 0; i < n; i++)
+        total += (size_t)in[i].n_hosts;
+    sg_variant *all = calloc(total ? total : 1, sizeof *all);
+    if (!all) {
+        sg_diag_add(diag, "out of memory");
+        return 1;
+    }
+    int errors = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const sg_variant *p = &in[i];
+        /* Copies with their padding, so that two loads compare equal byte for byte. */
+        memcpy(&all[k++], p, sizeof *p);
+        for (int h = 0; h < p->n_hosts; h++) {
+            sg_variant *c = &all[k++];
+            const int H = p->hosts[h];
+            memcpy(c, p, sizeof *c);
+            c->n_hosts = 0;
+            c->companion_hosts = H;
+            snprintf(c->companion_of, sizeof c->companion_of, "%s", p->name);
+            c->world = p->world / H;
+            c->experts = p->experts / H;
+            c->max_tokens = H * p->max_tokens;
+            c->capacity_set = true;
+            char name[2 * SG_NAME_MAX];
+            snprintf(name, sizeof name, "%s_h%d", p->name, H);
+            if (strlen(name) >= SG_NAME_MAX) {
+                sg_diag_add(diag, "%s:%d: variant %s: field hosts: the companion of %d hosts would be named %s, "
+                            "longer than %d characters: shorten the variant's name", p->file, p->line, p->name,
+                            H, name, SG_NAME_MAX - 1);
+                errors++;
+                continue;
+            }
+            snprintf(c->name, sizeof c->name, "%s", name);
+        }
+    }
+    /* A companion's name must be free, ignoring case (files, guards). */
+    for (size_t i = 0; i < total && errors == 0; i++)
+        for (size_t j = 0; j < total; j++) {
+            if (j == i || !all[i].companion_hosts || strcasecmp(all[i].name, all[j].name) != 0)
+                continue;
+            if (j < i && all[j].companion_hosts)
+                continue; /* said once, at the first */
+            const sg_variant *p = NULL;
+            for (size_t q = i; q-- > 0;)
+                if (!all[q].companion_hosts) {
+                    p = &all[q];
+                    break;
+                }
+            sg_diag_add(diag, "%s:%d: variant %s: field hosts: the companion of %d hosts is named %s, which "
+                        "variant %s (%s:%d) also has: rename one", p->file, p->line, p->name,
+                        all[i].companion_hosts, all[i].name, all[j].name,
+                        all[j].file ? all[j].file : "?", all[j].line);
+            errors++;
+        }
+    if (errors) {
+        free(all);
+        return errors;
+    }
+    for (size_t i = 0; i < total; i++)
+        if (all[i].n_hosts) {
+            all[i].companions = &all[i + 1];
+            all[i].n_companions = all[i].n_hosts;
+        }
+    *out = all;
+    *n_out = total;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------
  * The interface */
 
@@ -2524,13 +2777,22 @@ int sg_spec_load(const char *path, const sg_override *overrides, size_t n_overri
         goto done;
     }
     errors += validate(&run, by_field, bad_override, variants, diag);
+    size_t count = run.n_vars;
+    if (errors == 0) {
+        sg_variant *all = NULL;
+        errors += add_companions(variants, run.n_vars, &all, &count, diag);
+        if (all) {
+            free(variants);
+            variants = all;
+        }
+    }
     char *own_path = errors == 0 ? strdup(path) : NULL;
     if (errors == 0 && !own_path)
         sg_diag_add(diag, "%s: out of memory", path);
     if (own_path) {
         out->path = own_path;
         out->variants = variants;
-        out->count = run.n_vars;
+        out->count = count;
         out->files = run.sources; /* the variants' file points into them */
         out->n_files = run.n_sources;
         run.sources = NULL;

@@ -73,6 +73,13 @@ typedef struct entry {
     char *cu_file;          /* relative to the manifest's directory */
     char source_sha256[SYMM_SHA256_HEX_SIZE];
     char *source;           /* read on the first symm_manifest_variant */
+    /* Across hosts: a companion's parent ("companion_of"), or a variant's
+     * companions ("companions": their entries, and the descriptors that
+     * desc.companions points to once their sources are read). */
+    char *companion_of;
+    int n_companions;
+    size_t *companion_entry;
+    symm_variant_desc *companions;
 } entry;
 
 struct symm_manifest {
@@ -243,7 +250,8 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
     SYMM_TRY(get_int(r, obj, "hidden", 1, 1048576, &p->hidden));
     SYMM_TRY(get_int(r, obj, "topk", 1, 65536, &p->topk));
     SYMM_TRY(get_int(r, obj, "experts", 1, 65536, &p->experts));
-    SYMM_TRY(get_int(r, obj, "world", 2, 65536, &p->world));
+    /* World 1: a companion of one rank a host (checked in read_variant). */
+    SYMM_TRY(get_int(r, obj, "world", 1, 65536, &p->world));
     SYMM_TRY(get_int(r, obj, "max_tokens", 1, 1048576, &p->max_tokens));
     SYMM_TRY(get_choice(r, obj, "dtype", dtype_names, 4, "", &p->dtype));
     SYMM_TRY(get_choice(r, obj, "combine_dtype", dtype_names, 3, " (fp8_e4m3 is a dispatch dtype only)",
@@ -432,6 +440,50 @@ static symm_status read_files(const reader *r, const symm_json *obj, entry *e)
     return e->cu_file ? SYMM_OK : symm_fail(SYMM_ERR_NOMEM, "symm_manifest_open: out of host memory");
 }
 
+/* "companion_of" and "hosts" of a companion; "companions" of a variant
+ * with hosts (checked against the companions' entries in link_companions). */
+static symm_status read_hosts(const reader *r, const symm_json *obj, entry *e)
+{
+    const symm_json *of, *list;
+    SYMM_TRY(find(r, obj, "companion_of", &of));
+    if (of) {
+        SYMM_TRY(get_string(r, obj, "companion_of", "the name of the variant this one is a companion of", &of));
+        int64_t hosts;
+        SYMM_TRY(get_int(r, obj, "hosts", 2, 128, &hosts));
+        e->desc.hosts = (int)hosts;
+        e->companion_of = copy_string(of->str);
+        if (!e->companion_of)
+            return symm_fail(SYMM_ERR_NOMEM, "symm_manifest_open: out of host memory");
+    } else if (symm_json_member(obj, "hosts", NULL)) {
+        return field_error(r, "hosts", symm_json_member(obj, "hosts", NULL),
+                           "no \"hosts\" outside a companion (one with \"companion_of\")");
+    }
+    SYMM_TRY(find(r, obj, "companions", &list));
+    if (!list)
+        return SYMM_OK;
+    if (list->type != SYMM_JSON_ARRAY || list->count == 0 || list->count > 16 || of)
+        return field_error(r, "companions", list, "%s", of ? "none in a companion"
+                                                           : "an array of 1..16 {\"hosts\", \"name\"} objects");
+    e->companion_entry = calloc(list->count, sizeof *e->companion_entry);
+    if (!e->companion_entry)
+        return symm_fail(SYMM_ERR_NOMEM, "symm_manifest_open: out of host memory");
+    /* The names are resolved once every entry is read: stash each one's
+     * position in the array as its index for now. */
+    for (const symm_json *c = list->first; c; c = c->next) {
+        int64_t hosts;
+        const symm_json *name;
+        reader sub = *r;
+        snprintf(sub.field_prefix, sizeof sub.field_prefix, "companions[%d].", e->n_companions);
+        if (c->type != SYMM_JSON_OBJECT)
+            return field_error(r, "companions", c, "objects {\"hosts\": H, \"name\": NAME}");
+        SYMM_TRY(get_int(&sub, c, "hosts", 2, 128, &hosts));
+        SYMM_TRY(get_string(&sub, c, "name", "the companion's variant name", &name));
+        (void)hosts;
+        e->companion_entry[e->n_companions++] = (size_t)-1;
+    }
+    return SYMM_OK;
+}
+
 static symm_status read_variant(reader *r, const symm_json *obj, size_t index, entry *e)
 {
     snprintf(r->prefix, sizeof r->prefix, "variants[%zu]: ", index);
@@ -479,6 +531,10 @@ static symm_status read_variant(reader *r, const symm_json *obj, size_t index, e
         .n_nvrtc_options = (int)SYMM_ARRAY_LEN(nvrtc_options),
     };
     SYMM_TRY(read_regions(r, obj, d));
+    SYMM_TRY(read_hosts(r, obj, e));
+    if (d->world == 1 && !e->companion_of)
+        return field_error(r, "world", symm_json_member(obj, "world", NULL),
+                           "an integer 2..65536 (world 1 only in a companion, with \"companion_of\")");
     return read_files(r, obj, e);
 }
 
@@ -557,6 +613,46 @@ static symm_status check_unique_names(const symm_manifest *m)
     return st;
 }
 
+/* e's "companions" (list) to their entries: each names a companion of e
+ * ("companion_of" e, the same "hosts") whose parameters are e's on one host
+ * (world / H, experts / H, H * max_tokens, the rest equal). */
+static symm_status link_companions(symm_manifest *m, entry *e, const symm_json *list)
+{
+    if (!list)
+        return SYMM_OK;
+    int i = 0;
+    for (const symm_json *c = list->first; c; c = c->next, i++) {
+        const symm_json *name = symm_json_member(c, "name", NULL), *hosts = symm_json_member(c, "hosts", NULL);
+        const int H = (int)hosts->integer;
+        size_t k = 0;
+        while (k < m->count && strcmp(m->entries[k].name, name->str) != 0)
+            k++;
+        const char *why = NULL;
+        const symm_variant_desc *p = &e->desc, *d = k < m->count ? &m->entries[k].desc : NULL;
+        if (!d)
+            why = "no variant of that name in the manifest";
+        else if (!m->entries[k].companion_of || strcmp(m->entries[k].companion_of, e->name) != 0)
+            why = "that variant is not a companion of this one (its \"companion_of\" differs)";
+        else if (d->hosts != H)
+            why = "that companion's \"hosts\" differs";
+        else if (d->world * H != p->world || d->experts * H != p->experts ||
+                 d->max_tokens != (int64_t)H * p->max_tokens || d->hidden != p->hidden || d->topk != p->topk ||
+                 d->dtype != p->dtype || d->combine_dtype != p->combine_dtype || d->layout != p->layout ||
+                 d->weights != p->weights || d->align != p->align || d->combine_pull != p->combine_pull ||
+                 d->combine_order != p->combine_order || d->capacity != p->capacity)
+            why = "its parameters are not this variant's on one host (world / hosts, experts / hosts, "
+                  "hosts * max_tokens, the rest equal)";
+        for (int j = 0; !why && j < i; j++)
+            if (m->entries[e->companion_entry[j]].desc.hosts == H)
+                why = "a second companion of the same host count";
+        if (why)
+            return symm_fail(SYMM_ERR_INVALID_ARG, "%s: variant %s: field companions[%d]: {\"hosts\": %d, "
+                             "\"name\": \"%s\"}: %s", m->path, e->name, i, H, name->str, why);
+        e->companion_entry[i] = k;
+    }
+    return SYMM_OK;
+}
+
 static symm_status read_format(const reader *r, const symm_json *root)
 {
     const symm_json *v;
@@ -597,7 +693,11 @@ static symm_status build(symm_manifest *m, const symm_json *root)
         m->entries[i].desc.spec_file = m->spec_file;
         m->entries[i].desc.symmgen_version = m->symmgen_version;
     }
-    return check_unique_names(m);
+    SYMM_TRY(check_unique_names(m));
+    i = 0;
+    for (const symm_json *v = variants->first; v; v = v->next, i++)
+        SYMM_TRY(link_companions(m, &m->entries[i], symm_json_member(v, "companions", NULL)));
+    return SYMM_OK;
 }
 
 static char *directory_of(const char *path)
@@ -662,6 +762,9 @@ symm_status symm_manifest_close(symm_manifest *m)
         free(m->entries[i].name);
         free(m->entries[i].cu_file);
         free(m->entries[i].source);
+        free(m->entries[i].companion_of);
+        free(m->entries[i].companion_entry);
+        free(m->entries[i].companions);
     }
     free(m->entries);
     free(m->symmgen_version);
@@ -817,6 +920,20 @@ symm_status symm_manifest_variant(symm_manifest *m, const char *name, const symm
         return unknown_name(m, name);
     if (!e->source)
         SYMM_TRY(load_source(m, e));
+    if (e->n_companions > 0 && e->n_companions <= 16 && !e->companions) {
+        /* The companions' sources too; their descriptors copied into one
+         * array, as a stub holds them. */
+        for (int i = 0; i < e->n_companions; i++)
+            if (!m->entries[e->companion_entry[i]].source)
+                SYMM_TRY(load_source(m, &m->entries[e->companion_entry[i]]));
+        e->companions = calloc((size_t)e->n_companions, sizeof *e->companions);
+        if (!e->companions)
+            return symm_fail(SYMM_ERR_NOMEM, "symm_manifest_variant: out of host memory");
+        for (int i = 0; i < e->n_companions; i++)
+            e->companions[i] = m->entries[e->companion_entry[i]].desc;
+        e->desc.companions = e->companions;
+        e->desc.n_companions = e->n_companions;
+    }
     *out = &e->desc;
     return SYMM_OK;
 }

@@ -177,6 +177,19 @@ static int route_token(plan *pl, const int32_t *row, uint32_t mask, dest *d)
     return n;
 }
 
+/* The i-th source rank in the order rows are handed out: s = i on one
+ * host; across hosts (hosts H >= 2, L = W / H ranks a host) local index
+ * major, host minor: i = l * H + h is rank h * L + l, so that each
+ * destination's rows come by (source local index, source host, source
+ * token), as the hybrid backend's proxies forward them. */
+static int source_at(const symm_ref_config *c, int i)
+{
+    if (c->hosts < 2)
+        return i;
+    const int H = c->hosts, L = c->world / H;
+    return (i % H) * L + i / H;
+}
+
 /* ---- argument checks ----------------------------------------------------- */
 
 static symm_status check_inputs(const char *fn, const symm_ref_config *c,
@@ -314,8 +327,10 @@ static void dispatch_rows(plan *pl, const symm_ref_input *in, symm_ref_recv *rec
             recv[p].expert_count[j] = recv[p].expert_offset[j] = 0;
     }
     dest d[SYMM_REF_MAX_TOPK];
-    for (int s = 0; s < c->world; s++) {
+    for (int s = 0; s < c->world; s++)
         stats[s] = (symm_ref_send_stats){ 0, 0 };
+    for (int i = 0; i < c->world; i++) {
+        const int s = source_at(c, i);
         for (int t = 0; t < in[s].tokens; t++) {
             const int32_t *row = topk_row(&in[s], t, c->topk);
             uint32_t mask = valid_mask(row, c->topk, c->experts);
@@ -524,6 +539,53 @@ static void combine_token(const plan *pl, const symm_ref_input *in, int t, const
     }
 }
 
+/* Across hosts: for each host g ascending that holds a copy of the token
+ * (kept or dropped: its proxy returns a row either way), P_g from +0 over
+ * g's ranks ascending (layout rank: + v; layout expert: + the rank's part,
+ * rounded), rounded once to the combine dtype; acc = acc + P_g from +0.
+ * d is in ascending rank (layout rank) or ascending k (layout expert). */
+static void combine_token_hosts(const plan *pl, const symm_ref_input *in, int t, const dest *d, int n,
+                                const void *const *y, float *acc, float *row, float *part, float *host)
+{
+    const symm_ref_config *c = pl->cfg;
+    const int L = c->world / c->hosts;
+    for (int h = 0; h < c->hidden; h++)
+        acc[h] = 0.0f;
+    for (int g = 0; g < c->hosts; g++) {
+        int there = 0;
+        for (int i = 0; i < n; i++)
+            there |= d[i].rank / L == g;
+        if (!there)
+            continue;
+        for (int h = 0; h < c->hidden; h++)
+            host[h] = 0.0f;
+        for (int p = g * L; p < (g + 1) * L; p++) {
+            int kept = 0;
+            for (int i = 0; i < n; i++) {
+                if (d[i].rank != p || d[i].row >= pl->capacity)
+                    continue;
+                load_row(y[p], d[i].row, c->hidden, c->combine_dtype, row);
+                if (c->layout == SYMM_LAYOUT_RANK) {
+                    for (int h = 0; h < c->hidden; h++)
+                        host[h] = host[h] + row[h];
+                    continue;
+                }
+                if (kept++ == 0)
+                    for (int h = 0; h < c->hidden; h++)
+                        part[h] = 0.0f;
+                float w = c->weights ? in->topk_weights[(size_t)t * c->topk + d[i].k] : 1.0f;
+                for (int h = 0; h < c->hidden; h++)
+                    part[h] = fmaf(w, row[h], part[h]);
+            }
+            if (kept)
+                for (int h = 0; h < c->hidden; h++)
+                    host[h] = host[h] + round_combine(part[h], c->combine_dtype);
+        }
+        for (int h = 0; h < c->hidden; h++)
+            acc[h] = acc[h] + round_combine(host[h], c->combine_dtype);
+    }
+}
+
 /* Layout expert: each segment's reported offset and count must be the ones
  * in routes to it (a token lost to padding changes no row count). */
 static symm_status check_segments(const char *fn, const plan *pl, int p, const symm_ref_recv *r)
@@ -572,16 +634,21 @@ static symm_status combine_all(plan *pl, const symm_ref_input *in, const void *c
                                void *const *out)
 {
     const symm_ref_config *c = pl->cfg;
-    float *acc = malloc(3 * (size_t)c->hidden * sizeof *acc);
+    float *acc = malloc(4 * (size_t)c->hidden * sizeof *acc);
     if (!acc)
         return symm_fail(SYMM_ERR_NOMEM, "symm_ref_combine: cannot allocate %d floats",
-                         3 * c->hidden);
+                         4 * c->hidden);
     dest d[SYMM_REF_MAX_TOPK];
-    for (int s = 0; s < c->world; s++) {
+    for (int i = 0; i < c->world; i++) {
+        const int s = source_at(c, i);
         for (int t = 0; t < in[s].tokens; t++) {
             const int32_t *row = topk_row(&in[s], t, c->topk);
             int n = route_token(pl, row, valid_mask(row, c->topk, c->experts), d);
-            combine_token(pl, &in[s], t, d, n, y, acc, acc + c->hidden, acc + 2 * (size_t)c->hidden);
+            if (c->hosts >= 2)
+                combine_token_hosts(pl, &in[s], t, d, n, y, acc, acc + c->hidden, acc + 2 * (size_t)c->hidden,
+                                    acc + 3 * (size_t)c->hidden);
+            else
+                combine_token(pl, &in[s], t, d, n, y, acc, acc + c->hidden, acc + 2 * (size_t)c->hidden);
             store_row(out[s], t, c->hidden, c->combine_dtype, acc);
         }
     }

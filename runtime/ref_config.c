@@ -82,8 +82,8 @@ static symm_status check_shape(const symm_ref_config *c)
     if (c->layout != SYMM_LAYOUT_RANK && c->layout != SYMM_LAYOUT_EXPERT)
         return CONFIG_FAIL("layout %d: expected rank (%d) or expert (%d)", (int)c->layout,
                            SYMM_LAYOUT_RANK, SYMM_LAYOUT_EXPERT);
-    if (c->world < 2 || c->world > SYMM_REF_MAX_WORLD)
-        return CONFIG_FAIL("world %d: expected 2..%d", c->world, SYMM_REF_MAX_WORLD);
+    if (c->world < 1 || c->world > SYMM_REF_MAX_WORLD)
+        return CONFIG_FAIL("world %d: expected 1..%d", c->world, SYMM_REF_MAX_WORLD);
     if (c->experts <= 0 || c->experts > REF_MAX_EXPERTS || c->experts % c->world)
         return CONFIG_FAIL("experts %d: expected a multiple of world %d in 1..%d", c->experts,
                            c->world, REF_MAX_EXPERTS);
@@ -104,6 +104,12 @@ static symm_status check_shape(const symm_ref_config *c)
                            SYMM_COMBINE_ORDER_RANK, SYMM_COMBINE_ORDER_K);
     if (c->layout == SYMM_LAYOUT_RANK && c->combine_order != SYMM_COMBINE_ORDER_RANK)
         return CONFIG_FAIL("combine_order k: expected rank (%d) for layout rank", SYMM_COMBINE_ORDER_RANK);
+    if (c->hosts < 0 || c->hosts > c->world || (c->hosts >= 2 && c->world % c->hosts != 0))
+        return CONFIG_FAIL("hosts %d: expected 0 or 1 (one host), or a host count 2..%d that divides world %d",
+                           c->hosts, c->world, c->world);
+    if (c->hosts >= 2 && c->combine_order != SYMM_COMBINE_ORDER_RANK)
+        return CONFIG_FAIL("combine_order k with hosts %d: expected rank (%d): across hosts combine sums per "
+                           "host (use the nccl backend's one-host order for k)", c->hosts, SYMM_COMBINE_ORDER_RANK);
     return SYMM_OK;
 }
 

@@ -3,7 +3,8 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, models, nccl, world4, worlds, world8, sanitize, variant,
+#        check, companions (check at world 1: the default spec's companions
+#        of one rank), models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
@@ -76,6 +77,9 @@ for s in "$@"; do
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
     check-quick) step check-w2-quick 240 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20 ;;
     check) step check-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --time 20 ;;
+    companions) # the default spec's companions of one rank (spec field hosts: two one-GPU hosts)
+        step check-companions-w1 200 $run -n 1 --gpus "$gpus" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --time 20 ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
     nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;

@@ -3,7 +3,8 @@
 #   - the runtime's GPU tests (heap, JIT, NCCL) at 2 ranks and 4 ranks;
 #   - the dispatch/combine matrix (tests/gpu/check.c) over every variant of
 #     the specs (SPEC=path for one spec; default: specs/default.lua,
-#     specs/worlds.lua and specs/models.lua) at every world they declare:
+#     specs/worlds.lua and specs/models.lua) at every world they declare
+#     (world 1 too: the companions of spec field hosts, native only):
 #     one rank per GPU where the GPUs suffice (native and NCCL backend), else
 #     several ranks per GPU (time-sliced: correctness only, the quick matrix;
 #     the NCCL backend too at worlds up to NCCL_SHARED_MAX, default 4, through
@@ -130,7 +131,9 @@ for spec in $specs; do
     out=$build/gpu-out/$name
     rm -rf "$out-t$SMALL_TOKENS"
     $build/bin/symmgen -q -o "$out" "$spec" || { record 1 "symmgen $spec"; continue; }
-    for w in $(seq 2 8); do
+    # World 1: the companions of two hosts of one GPU each (spec field
+    # hosts), native only.
+    for w in $(seq 1 8); do
         grep -q "\"world\": $w," "$out/manifest.json" || continue
         extra=()
         [ "$w" -gt "$ngpu" ] && extra=(--quick --max-elems 4194304)
@@ -157,7 +160,9 @@ for spec in $specs; do
                 record $? "check $name world $w nccl (--nccl-shared-gpu), max_tokens $SMALL_TOKENS"
             fi
         fi
-        if [ "$w" -le "$ngpu" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+        if [ "$w" -eq 1 ]; then
+            continue
+        elif [ "$w" -le "$ngpu" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
             note "$name: world $w, nccl backend"
             $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --backend nccl
             record $? "check $name world $w nccl"

@@ -5,8 +5,9 @@
 -- fp16, fp32, fp8_e4m3), a few combine dtypes, both receive layouts, with
 -- and without top-k weights, on 2 and 4 ranks, two variants per world whose
 -- capacity is below the worst case (one per layout), expert layouts with
--- aligned segments, a variant per world on 2 SMs, and combines that pull
--- (one per layout and world).
+-- aligned segments, a variant per world on 2 SMs, combines that pull
+-- (one per layout and world), and companions for worlds across hosts (hosts:
+-- world 1 and 2 among them).
 --
 -- Names read dtype_layout_wWORLD (plus what is special about the variant).
 -- See specs/tutorial.lua for what each field means.
@@ -28,7 +29,9 @@ for _, w in ipairs({ 2, 4 }) do
   local s = "_w" .. w
 
   -- layout rank: one copy per token and destination rank.
-  layout(with(mid, { name = "bf16_rank" .. s, world = w }))
+  -- hosts: across hosts (the hybrid backend), a companion per host count,
+  -- the native variant of one host's ranks (bf16_rank_w2_h2 has one rank).
+  layout(with(mid, { name = "bf16_rank" .. s, world = w, hosts = w == 2 and { 2 } or { 2, 4 } }))
   layout(with(small, { name = "fp16_rank" .. s, world = w, dtype = "fp16", weights = false }))
   layout(with(small, { name = "fp32_rank" .. s, world = w, dtype = "fp32" }))
   layout(with(mid, { name = "fp8_rank" .. s, world = w, dtype = "fp8_e4m3" }))
@@ -37,7 +40,7 @@ for _, w in ipairs({ 2, 4 }) do
   layout(with(small, { name = "bf16_rank_out_fp32" .. s, world = w, combine_dtype = "fp32" }))
 
   -- layout expert: one copy per (token, expert), packed expert-major.
-  layout(with(small, { name = "bf16_expert" .. s, world = w, layout = "expert", weights = false }))
+  layout(with(small, { name = "bf16_expert" .. s, world = w, layout = "expert", weights = false, hosts = { 2 } }))
   -- combine_order = "k": the ascending-k sum of every (token, expert) row,
   -- which travels back whole (the default sums per rank first).
   layout(with(mid, { name = "bf16_expert_order_k" .. s, world = w, layout = "expert", combine_order = "k" }))

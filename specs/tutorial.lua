@@ -68,12 +68,17 @@
 --                          row travels back.
 --                 Both are bitwise reproducible; they differ in the last
 --                 bits because "rank" rounds each part.
+--   hosts         the host counts the variant also runs on across hosts
+--                 (default none: one host). For each H, symmgen writes a
+--                 companion NAME_hH, the native variant of one host's
+--                 world / H ranks, which the hybrid backend runs inside each
+--                 host while NCCL crosses between hosts (docs/protocol.md).
 --
 -- A mistake is reported with the file, the line of the layout call, the
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:89: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:94: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --
@@ -166,4 +171,16 @@ layout {
   name = "pulled",
   hidden = 7168, topk = 8, experts = 256, world = 2, max_tokens = 4096,
   sms = 8, combine = "pull",
+}
+
+-- 8. Across hosts: hosts = { 2 } adds the companion "across_h2" (world 8,
+-- 128 experts, 2 * 4096 tokens a call), which a world of 2 hosts x 8 GPUs
+-- runs with the hybrid backend: a token crosses the network once per
+-- destination host, to the GPU of the same local index there, which spreads
+-- it over NVLink; combine sums within each host first and sends one row per
+-- (token, host) back.
+layout {
+  name = "across",
+  hidden = 7168, topk = 8, experts = 256, world = 16, max_tokens = 4096,
+  hosts = { 2 },
 }

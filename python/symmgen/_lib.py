@@ -110,7 +110,8 @@ class RefConfig(ctypes.Structure):
     """symm_ref_config (symm_ref.h)."""
     _fields_ = [("hidden", c_int), ("topk", c_int), ("experts", c_int), ("world", c_int),
                 ("max_tokens", c_int), ("dtype", c_int), ("combine_dtype", c_int), ("layout", c_int),
-                ("weights", c_int), ("capacity", c_int64), ("align", c_int), ("combine_order", c_int)]
+                ("weights", c_int), ("capacity", c_int64), ("align", c_int), ("combine_order", c_int),
+                ("hosts", c_int)]
 
 
 class RefInput(ctypes.Structure):

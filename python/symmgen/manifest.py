@@ -13,7 +13,7 @@ import os
 from ._lib import DTYPE_SIZES, FP8_BLOCK
 
 # The manifest format this package reads (SYMM_MANIFEST_FORMAT).
-FORMAT = 1
+FORMAT = 2
 
 _INT_FIELDS = ("hidden", "topk", "experts", "world", "local_experts", "max_tokens", "capacity",
                "worst_capacity", "align", "sms", "symmetric_bytes", "scratch_bytes")
@@ -59,6 +59,11 @@ class Variant:
         self.combine_order = fields.get("combine_order", "k" if self.layout == "expert" else "rank")
         self.regions = {r["name"]: (r["offset"], r["bytes"], bool(r["symmetric"]))
                         for r in fields.get("regions", [])}
+        # Across hosts: a companion's host count and parent, a variant's
+        # companions ({hosts: name}).
+        self.hosts = fields.get("hosts", 0)
+        self.companion_of = fields.get("companion_of")
+        self.companions = {c["hosts"]: c["name"] for c in fields.get("companions", [])}
         self.arguments = fields.get("arguments", {})
         self.fields = dict(fields)
         self.manifest_path = manifest_path

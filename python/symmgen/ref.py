@@ -28,12 +28,14 @@ class Config:
     """A variant's parameters as symm_ref_config takes them."""
 
     def __init__(self, hidden, topk, experts, world, max_tokens, dtype="bf16", combine_dtype=None,
-                 layout="rank", weights=True, capacity=0, align=1, combine_order=None):
+                 layout="rank", weights=True, capacity=0, align=1, combine_order=None, hosts=0):
         self.hidden, self.topk, self.experts, self.world = hidden, topk, experts, world
         self.max_tokens, self.dtype, self.layout = max_tokens, dtype, layout
         self.combine_dtype = combine_dtype or ("bf16" if dtype == "fp8_e4m3" else dtype)
         self.weights, self.capacity, self.align = bool(weights), capacity, align
         self.combine_order = combine_order
+        # hosts >= 2: the hybrid backend's row order and sums across hosts (symm_ref.h).
+        self.hosts = hosts
         for key, table in (("dtype", DTYPES), ("combine_dtype", DTYPES), ("layout", LAYOUTS)):
             if getattr(self, key) not in table:
                 raise ValueError(f"ref.Config: {key}: got {getattr(self, key)!r}, expected one of "
@@ -46,7 +48,7 @@ class Config:
         self._c = RefConfig(hidden=hidden, topk=topk, experts=experts, world=world, max_tokens=max_tokens,
                             dtype=DTYPES[self.dtype], combine_dtype=DTYPES[self.combine_dtype],
                             layout=LAYOUTS[layout], weights=int(self.weights), capacity=capacity,
-                            align=align)
+                            align=align, hosts=hosts)
         if HAS_COMBINE_ORDER and combine_order is not None:
             self._c.combine_order = COMBINE_ORDERS[combine_order]
         _lib.check(_lib.lib().symm_ref_check_config(ctypes.byref(self._c)))

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* The manifest format this libsymm reads (its "format" member). */
-#define SYMM_MANIFEST_FORMAT 1
+#define SYMM_MANIFEST_FORMAT 2
 
 /* NVRTC options (besides --gpu-architecture) of every variant opened from a
  * manifest. They must equal SG_NVRTC_OPTIONS in generator/sg.h, which the

@@ -32,7 +32,22 @@
  * back), then acc = acc + part. Layout expert with combine_order k:
  * acc = fmaf(w[t,k], y[row(t,k)], acc) over valid k ascending. w = 1 without
  * weights. Every form starts from acc = 0.0f; dropped rows contribute
- * nothing, and a token that went nowhere gets +0. */
+ * nothing, and a token that went nowhere gets +0.
+ *
+ * Across hosts (hosts = H >= 2; docs/protocol.md "Across hosts"): the W
+ * ranks are H hosts of L = W / H, rank s = (host s / L, local index s % L),
+ * host-major. On every rank, rows (layout rank; layout expert: within each
+ * segment) are ordered by (source local index, source host, source token)
+ * instead of (source rank, source token): the order the hybrid backend's
+ * proxies give. Capacity drops the last rows of that order. Combine sums
+ * per host first: for each host g ascending that owns a valid expert of t,
+ * P_g = the one-host sum above restricted to g's ranks (layout rank:
+ * P_g = P_g + v over g's ranks ascending; layout expert, combine_order
+ * rank: P_g = P_g + part_p over g's ranks p ascending that kept a row),
+ * from 0.0f, rounded once to combine_dtype (the row that crosses the
+ * network back); then acc = acc + P_g, rounded once. combine_order k is
+ * refused with hosts. Sources, local ids, weights, counts and statistics
+ * are as on one host. */
 #ifndef SYMM_REF_H
 #define SYMM_REF_H
 
@@ -64,6 +79,8 @@ typedef struct symm_ref_config {
     int align;                 /* layout expert; >= 1 (must be 1 for layout rank) */
     symm_combine_order combine_order; /* layout expert: RANK (0, the default) or K;
                                          layout rank: RANK only */
+    int hosts;                 /* 0 or 1: one host (the contract above); H >= 2:
+                                  the hybrid backend on H hosts (below) */
 } symm_ref_config;
 
 /* Receive rows per rank that can never overflow: W * max_tokens for layout
@@ -83,7 +100,9 @@ int64_t symm_ref_capacity(const symm_ref_config *cfg);
  * experts 1..65536 and a multiple of world; topk 1..min(16, experts);
  * max_tokens 1..2^20; weights 0 or 1; align 1..4096 (exactly 1 for layout
  * rank); the worst case at most INT32_MAX rows and at most 1 TiB of rows
- * (hidden times the larger element size); capacity 0 or 1..worst case. */
+ * (hidden times the larger element size); capacity 0 or 1..worst case;
+ * hosts 0..world, and when >= 2 a divisor of world with combine_order rank.
+ * World 1 is accepted (a companion of one rank a host). */
 symm_status symm_ref_check_config(const symm_ref_config *cfg);
 
 /* One rank's dispatch input, in host memory. */

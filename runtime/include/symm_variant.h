@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 /* Version of symm_variant_desc; a stub built for another version is refused. */
-#define SYMM_DESC_ABI 4
+#define SYMM_DESC_ABI 5
 
 typedef struct symm_region_desc {
     uint64_t offset; /* from the start of the symmetric buffer or of the scratch */
@@ -80,6 +80,14 @@ typedef struct symm_variant_desc {
     const char *source_sha256;  /* hex SHA-256 of source, as in the manifest */
     const char *const *nvrtc_options; /* besides --gpu-architecture */
     int n_nvrtc_options;
+    /* Across hosts (the hybrid backend; spec field hosts): a companion is
+     * the native variant of one host's ranks for a world of `hosts` hosts
+     * (world / hosts ranks, experts / hosts, hosts * max_tokens); hosts is
+     * 0 in any other variant. A variant whose spec lists hosts carries its
+     * companions here, one per host count, ascending. */
+    int hosts;
+    const struct symm_variant_desc *companions;
+    int n_companions;
 } symm_variant_desc;
 
 typedef enum symm_backend {

@@ -804,8 +804,8 @@ Test(cli, manifest_is_json_and_its_hashes_match_the_files)
     cr_assert_eq(r.status, 0, "%s", r.err);
     char *manifest = read_at("out/s/manifest.json", NULL);
     cr_assert(manifest && json_valid(manifest), "manifest.json is not JSON");
-    cr_assert(strncmp(manifest, "{\n  \"format\": 1,\n  \"symmgen\": \"" SYMM_VERSION "\",\n  \"spec\": \"s.lua\",",
-                      strlen("{\n  \"format\": 1,\n")) == 0, "%.100s", manifest);
+    cr_assert(strncmp(manifest, "{\n  \"format\": 2,\n  \"symmgen\": \"" SYMM_VERSION "\",\n  \"spec\": \"s.lua\",",
+                      strlen("{\n  \"format\": 2,\n")) == 0, "%.100s", manifest);
     cr_assert(manifest[strlen(manifest) - 1] == '\n' && manifest[strlen(manifest) - 2] == '}');
     for (int i = 0; i < n; i++) {
         char key[64], name[32], want[SYMM_SHA256_HEX_SIZE], got[SYMM_SHA256_HEX_SIZE];

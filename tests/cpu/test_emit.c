@@ -329,7 +329,10 @@ static const char fixture_c[] =
 static const char part_primitives[] = FIXTURE_PART("primitives"), part_routing[] = FIXTURE_PART("routing"),
                   part_dispatch[] = FIXTURE_PART("dispatch"), part_combine[] = FIXTURE_PART("combine"),
                   part_nccl[] = FIXTURE_PART("nccl");
+/* The description's fields (a stub's, and each companion's). */
+static const char fixture_desc[] = "    .name = \"{{NAME}}\",\n";
 static const sg_template fixture_table[] = {
+    {"templates/desc.c.in", fixture_desc, sizeof fixture_desc - 1},
     {"templates/variant.cu.in", fixture_cu, sizeof fixture_cu - 1},
     {"templates/variant.h.in", fixture_h, sizeof fixture_h - 1},
     {"templates/variant.c.in", fixture_c, sizeof fixture_c - 1},
@@ -988,7 +991,7 @@ Test(output, refuses_a_foreign_manifest_or_files_symmgen_did_not_write)
         const char *why;
     } cases[] = {
         {"{\"format\":\"png\"}", NULL, "not a symmgen manifest"},
-        {"{\"format\": 2, \"symmgen\": \"1.0\"}", NULL, "not a symmgen manifest"},
+        {"{\"format\": 3, \"symmgen\": \"1.0\"}", NULL, "not a symmgen manifest"},
         {"{\"format\": 1}", NULL, "not a symmgen manifest"},
         {"{\"format\": 1, \"symmgen\": 1}", NULL, "not a symmgen manifest"},
         {"[{\"format\": 1, \"symmgen\": \"1.0\"}]", NULL, "not a symmgen manifest"},

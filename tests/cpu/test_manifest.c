@@ -640,28 +640,28 @@ Test(manifest, other_format_versions_are_unsupported)
 {
     char *text = slurp(FIXTURE, NULL);
     uint64_t rng = fresh_seed();
-    long long versions[] = {2 + (long long)below(&rng, 1000), 0, -(1 + (long long)below(&rng, 1000))};
+    long long versions[] = {3 + (long long)below(&rng, 1000), 1, 0, -(1 + (long long)below(&rng, 1000))};
     scratch s;
     scratch_make(&s);
     symm_manifest *m;
     for (size_t i = 0; i < SYMM_ARRAY_LEN(versions); i++) {
         char to[64], needle[160];
         snprintf(to, sizeof to, "\"format\": %lld", versions[i]);
-        char *edited = replace_once(text, "\"format\": 1", to);
+        char *edited = replace_once(text, "\"format\": 2", to);
         scratch_write(&s, edited);
-        snprintf(needle, sizeof needle, "manifest format %lld: this libsymm (%s) reads format 1", versions[i],
+        snprintf(needle, sizeof needle, "manifest format %lld: this libsymm (%s) reads format 2", versions[i],
                  SYMM_VERSION);
         expect_failure(symm_manifest_open(s.manifest, &m), SYMM_ERR_UNSUPPORTED, s.manifest, needle);
         cr_assert_null(m);
         free(edited);
     }
     static const struct { const char *to, *needle; } bad[] = {
-        {"\"format\": \"1\"", "field format: got \"1\", expected an integer (the manifest format version"},
-        {"\"format\": 1.0", "field format: got 1.0, expected an integer"},
-        {"\"formats\": 1", "field format: missing, expected an integer"},
+        {"\"format\": \"2\"", "field format: got \"2\", expected an integer (the manifest format version"},
+        {"\"format\": 2.0", "field format: got 2.0, expected an integer"},
+        {"\"formats\": 2", "field format: missing, expected an integer"},
     };
     for (size_t i = 0; i < SYMM_ARRAY_LEN(bad); i++) {
-        char *edited = replace_once(text, "\"format\": 1", bad[i].to);
+        char *edited = replace_once(text, "\"format\": 2", bad[i].to);
         scratch_write(&s, edited);
         expect_failure(symm_manifest_open(s.manifest, &m), SYMM_ERR_INVALID_ARG, s.manifest, bad[i].needle);
         free(edited);
@@ -795,7 +795,7 @@ Test(manifest, unknown_members_are_ignored)
         "null", "true", "-0", "1.5e300", "-123456789012345678901234567890", "\"\\ud83d\\ude00\"",
         "[]", "{}", "[[{\"a\": [null]}], {\"b\": {}}]",
     };
-    static const char *const anchors[] = {"\"format\": 1,", "\"name\": \"tiny_rank\",", "\"bytes\": 768,",
+    static const char *const anchors[] = {"\"format\": 2,", "\"name\": \"tiny_rank\",", "\"bytes\": 768,",
                                           "\"cu\": \"tiny_rank.cu\",", "\"name\": \"tiny_expert_fp8\""};
     char *text = slurp(FIXTURE, NULL);
     scratch s;
@@ -884,7 +884,7 @@ Test(manifest, valid_json_of_another_shape_is_refused)
     scratch_write(&s, "\xef\xbb\xbf [ {\"format\": 1} ]");
     expect_failure(symm_manifest_open(s.manifest, &m), SYMM_ERR_INVALID_ARG, s.manifest,
                    ": got an array at the top, expected an object");
-    scratch_write(&s, "{\"format\": 1, \"symmgen\": \"0.1.0\", \"spec\": \"x.lua\", \"variants\": []}");
+    scratch_write(&s, "{\"format\": 2, \"symmgen\": \"0.1.0\", \"spec\": \"x.lua\", \"variants\": []}");
     cr_assert_eq(symm_manifest_open(s.manifest, &m), SYMM_OK, "%s", symm_last_error());
     cr_assert_eq(symm_manifest_count(m), 0);
     const symm_variant_desc *d;
@@ -1219,7 +1219,7 @@ Test(manifest, json_memory_is_bounded_not_only_bytes)
     scratch_make(&s);
     FILE *f = fopen(s.manifest, "w");
     cr_assert(f);
-    fprintf(f, "{\"format\": 1, \"symmgen\": \"x\", \"spec\": \"s.lua\", \"variants\": [], \"pad\": ");
+    fprintf(f, "{\"format\": 2, \"symmgen\": \"x\", \"spec\": \"s.lua\", \"variants\": [], \"pad\": ");
     fwrite(text, 1, len, f);
     fputs("}\n", f);
     fclose(f);
@@ -1334,7 +1334,11 @@ static void expect_stub_matches(const symm_variant_desc *d, const char *stub)
                        d->regions[i].symmetric);
     expect_in_stub(stub, n, ".source_len = %zuu,", d->source_len);
     expect_in_stub(stub, n, ".source_sha256 = \"%s\",", d->source_sha256);
-    expect_in_stub(stub, n, ".n_nvrtc_options = %d,", d->n_nvrtc_options);
+    expect_in_stub(stub, n, ".n_nvrtc_options = %d,\n    .hosts = %d,", d->n_nvrtc_options, d->hosts);
+    if (d->n_companions)
+        expect_in_stub(stub, n, ".companions = %s_companions,\n    .n_companions = %d,", d->name, d->n_companions);
+    else
+        expect_in_stub(stub, n, ".companions = NULL,\n    .n_companions = 0,");
     expect_in_stub(stub, n, "_nvrtc_options[] = { \"%s\", \"%s\" };", d->nvrtc_options[0], d->nvrtc_options[1]);
 }
 
@@ -1656,4 +1660,97 @@ Test(manifest, variant_create_refuses_a_gpu_older_than_hopper_in_one_sentence)
     for (size_t i = 0; i < sizeof newer / sizeof newer[0]; i++)
         cr_assert_eq(symm_variant_check_gpu("dsv3", newer[i][0], newer[i][1]), SYMM_OK, "sm_%d%d: %s",
                      newer[i][0], newer[i][1], symm_last_error());
+}
+
+/* --- across hosts: companions --------------------------------------------- */
+
+/* A variant with hosts: its manifest entry lists its companions, each a
+ * variant of its own ("companion_of", "hosts", world 1 allowed), and the
+ * parent's descriptor carries theirs, sources included, as its stub does. */
+Test(manifest, companions_are_linked_and_carried_as_in_the_stub)
+{
+    wf_watchdog(60);
+    scratch s;
+    scratch_make(&s);
+    char spec_path[400], out[400], manifest[480];
+    snprintf(spec_path, sizeof spec_path, "%s/hosts.lua", s.dir);
+    const char *spec_text =
+        "layout { name = \"hy\", hidden = 256, topk = 4, experts = 16, world = 4, max_tokens = 64, hosts = { 4, 2 } }\n"
+        "layout { name = \"hx\", hidden = 128, topk = 2, experts = 4, world = 2, max_tokens = 8, layout = \"expert\", "
+        "align = 4, dtype = \"fp8_e4m3\", hosts = { 2 } }\n";
+    spit(spec_path, spec_text, strlen(spec_text));
+    sg_spec spec;
+    sg_diag diag = {0};
+    cr_assert_eq(sg_spec_load(spec_path, NULL, 0, &spec, &diag), 0, "%s", diag.count ? diag.messages[0] : "");
+    cr_assert_eq(spec.count, 5);
+    sg_generated gens[5];
+    for (size_t i = 0; i < spec.count; i++)
+        cr_assert_eq(sg_generate_variant(sg_embedded_templates, &spec.variants[i], spec_path, &gens[i], &diag),
+                     SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+    snprintf(out, sizeof out, "%s/out", s.dir);
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", out);
+    sg_output o = {.dir = out, .spec_path = spec_path, .variants = gens, .count = spec.count};
+    cr_assert_eq(sg_output_write(&o, 1, NULL, &diag), SG_EXIT_OK, "%s", diag.count ? diag.messages[0] : "");
+
+    symm_manifest *m;
+    cr_assert_eq(symm_manifest_open(manifest, &m), SYMM_OK, "%s", symm_last_error());
+    const struct { const char *parent; int hosts[2], n; } want[] = {{"hy", {2, 4}, 2}, {"hx", {2, 0}, 1}};
+    for (size_t w = 0; w < 2; w++) {
+        const symm_variant_desc *p;
+        cr_assert_eq(symm_manifest_variant(m, want[w].parent, &p), SYMM_OK, "%s", symm_last_error());
+        cr_assert_eq(p->n_companions, want[w].n, "%s", p->name);
+        cr_assert_eq(p->hosts, 0);
+        char stub_path[512];
+        snprintf(stub_path, sizeof stub_path, "%s/%s.c", out, p->name);
+        char *stub = slurp(stub_path, NULL);
+        for (int i = 0; i < p->n_companions; i++) {
+            const symm_variant_desc *c = &p->companions[i], *alone;
+            const int H = want[w].hosts[i];
+            char name[64];
+            snprintf(name, sizeof name, "%s_h%d", p->name, H);
+            cr_assert_str_eq(c->name, name);
+            cr_assert_eq(c->hosts, H);
+            cr_assert(c->world * H == p->world && c->experts * H == p->experts && c->max_tokens == H * p->max_tokens &&
+                      c->capacity == p->capacity && c->worst_capacity == p->worst_capacity && c->n_companions == 0);
+            cr_assert_eq(symm_manifest_variant(m, name, &alone), SYMM_OK, "%s", symm_last_error());
+            cr_assert(c->source && c->source_len == alone->source_len &&
+                      memcmp(c->source, alone->source, c->source_len) == 0, "%s: source", name);
+            cr_assert_eq(symm_desc_check_source(c), SYMM_OK, "%s: %s", name, symm_last_error());
+            /* The parent's stub carries the companion's descriptor too. */
+            expect_stub_matches(c, stub);
+        }
+        expect_stub_matches(p, stub);
+        free(stub);
+    }
+    symm_manifest_close(m);
+
+    /* Broken links are refused at open, naming the variant and the entry. */
+    char *text = slurp(manifest, NULL);
+    static const struct { const char *from, *to, *needle; } bad[] = {
+        {"{\"hosts\": 2, \"name\": \"hy_h2\"}", "{\"hosts\": 2, \"name\": \"hy_h9\"}",
+         "variant hy: field companions[0]: {\"hosts\": 2, \"name\": \"hy_h9\"}: no variant of that name"},
+        {"{\"hosts\": 2, \"name\": \"hy_h2\"}", "{\"hosts\": 2, \"name\": \"hx_h2\"}",
+         "is not a companion of this one"},
+        {"{\"hosts\": 2, \"name\": \"hy_h2\"}", "{\"hosts\": 2, \"name\": \"hy_h4\"}",
+         "that companion's \"hosts\" differs"},
+        {"\"companion_of\": \"hx\",\n      \"hosts\": 2,\n", "",
+         "field world: got 1, expected an integer 2..65536 (world 1 only in a companion"},
+        {"{\"hosts\": 2, \"name\": \"hy_h2\"}", "{\"hosts\": 1, \"name\": \"hy_h2\"}",
+         "field companions[0].hosts: got 1, expected an integer 2..128"},
+    };
+    scratch t;
+    scratch_make(&t);
+    for (size_t i = 0; i < SYMM_ARRAY_LEN(bad); i++) {
+        char *edited = replace_once(text, bad[i].from, bad[i].to);
+        scratch_write(&t, edited);
+        free(edited);
+        expect_failure(symm_manifest_open(t.manifest, &m), SYMM_ERR_INVALID_ARG, t.manifest, bad[i].needle);
+    }
+    free(text);
+    for (size_t i = 0; i < spec.count; i++)
+        sg_generated_free(&gens[i]);
+    sg_spec_free(&spec);
+    sg_diag_free(&diag);
+    wf_rmtree(s.dir);
+    wf_rmtree(t.dir);
 }

@@ -1482,13 +1482,13 @@ Test(config, worst_capacity_follows_the_formulas)
         symm_ref_config cfg;
         int64_t worst;
     } cases[] = {
-        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1, SYMM_COMBINE_ORDER_RANK }, 6 },
-        { { 16, 8, 9, 3, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1, SYMM_COMBINE_ORDER_RANK }, 15 },
-        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 4, SYMM_COMBINE_ORDER_RANK }, 18 },
+        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1, SYMM_COMBINE_ORDER_RANK, 0 }, 6 },
+        { { 16, 8, 9, 3, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_RANK, 0, 0, 1, SYMM_COMBINE_ORDER_RANK, 0 }, 15 },
+        { { 16, 2, 4, 2, 3, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 4, SYMM_COMBINE_ORDER_RANK, 0 }, 18 },
         /* min(K, L) = L = 2: 4 * 10 * 2 + 2 * 63 */
-        { { 16, 3, 8, 4, 10, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 64, SYMM_COMBINE_ORDER_RANK }, 206 },
+        { { 16, 3, 8, 4, 10, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 1, 0, 64, SYMM_COMBINE_ORDER_RANK, 0 }, 206 },
         /* min(K, L) = K = 1 */
-        { { 16, 1, 8, 2, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 0, 0, 1, SYMM_COMBINE_ORDER_RANK }, 10 },
+        { { 16, 1, 8, 2, 5, SYMM_DTYPE_BF16, SYMM_DTYPE_BF16, SYMM_LAYOUT_EXPERT, 0, 0, 1, SYMM_COMBINE_ORDER_RANK, 0 }, 10 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         CHECK(symm_ref_worst_capacity(&cases[i].cfg) == cases[i].worst, "case %zu: %lld, expected %lld", i,
@@ -1509,7 +1509,7 @@ static const char *spoil(int i, symm_ref_config *c)
     case 4: c->combine_dtype = SYMM_DTYPE_FP8_E4M3; return "combine_dtype";
     case 5: c->dtype = (symm_dtype)7; return "dtype";
     case 6: c->layout = (symm_layout)2; return "layout";
-    case 7: c->world = 1; return "world";
+    case 7: c->world = 0; return "world";
     case 8: c->world = 129; c->experts = 129 * 2; return "world";
     case 9: c->experts = c->world * 2 + 1; return "experts";
     case 10: c->experts = 0; return "experts";
@@ -1535,6 +1535,8 @@ static const char *spoil(int i, symm_ref_config *c)
     case 26: c->combine_order = (symm_combine_order)2; return "combine_order";
     case 27: c->layout = SYMM_LAYOUT_RANK; c->align = 1; c->combine_order = SYMM_COMBINE_ORDER_K;
              return "combine_order";
+    case 28: c->hosts = c->world + 1; return "hosts";
+    case 29: c->hosts = -1; return "hosts";
     }
     return NULL;
 }
@@ -1567,7 +1569,7 @@ Test(config, accepts_every_config_within_the_limits)
         CHECK(symm_ref_check_config(&c) == SYMM_OK, "rejected: %s", symm_last_error());
     }
     symm_ref_config big = { 7168, 16, 256, 128, 4096, SYMM_DTYPE_FP8_E4M3, SYMM_DTYPE_BF16,
-                            SYMM_LAYOUT_EXPERT, 1, 0, 4096, SYMM_COMBINE_ORDER_RANK };
+                            SYMM_LAYOUT_EXPERT, 1, 0, 4096, SYMM_COMBINE_ORDER_RANK, 0 };
     CHECK(symm_ref_check_config(&big) == SYMM_OK, "largest shapes rejected: %s", symm_last_error());
 }
 
@@ -1900,5 +1902,249 @@ Test(convert, f32_to_e4m3_rounds_ties_to_even_and_saturates)
                             : nearest(v, symm_e4m3_to_f32((uint8_t)lo), lo, symm_e4m3_to_f32((uint8_t)(lo + 1)), lo + 1);
         want |= signbit(f) ? 0x80 : 0;
         CHECK(symm_f32_to_e4m3(f) == want, "e4m3 of %a: 0x%02x, expected 0x%02x", f, symm_f32_to_e4m3(f), want);
+    }
+}
+
+/* ---- across hosts (cfg.hosts) ------------------------------------------------ */
+
+/* The hybrid backend built literally from one-host references: each
+ * source forwards its tokens with an expert on host g to the proxy (g, its
+ * local index), ordered by source host then token, ids rewritten to g's
+ * experts; each host runs the one-host reference of the companion (world
+ * L, experts E / H, H * max_tokens, the same capacity); combine returns
+ * each host's output row to the source, which sums them over hosts
+ * ascending in fp32 and rounds once. cfg.hosts must give the same rows,
+ * the same sources (mapped back), counts and sums, bit for bit. */
+typedef struct fwd_src {
+    int s, t;
+} fwd_src;
+
+static void hosts_composed_check(const tworld *w)
+{
+    const symm_ref_config *c = &w->cfg;
+    const int H = c->hosts, L = c->world / H, Eh = c->experts / H, K = c->topk;
+    const size_t xb = x_row_bytes(c), cb = (size_t)c->hidden * dsize(c->combine_dtype);
+    const int blocks = c->dtype == SYMM_DTYPE_FP8_E4M3 ? scale_blocks(c) : 0;
+    symm_ref_config cc = *c;
+    cc.world = L;
+    cc.experts = Eh;
+    cc.max_tokens = H * c->max_tokens;
+    cc.hosts = 0;
+    cc.capacity = symm_ref_capacity(c);
+    CHECK(symm_ref_check_config(&cc) == SYMM_OK, "companion config: %s", symm_last_error());
+    CHECK(symm_ref_capacity(&cc) == symm_ref_capacity(c), "the companion's capacity differs");
+    /* y on the hybrid's rows: random, the same array for the companion. */
+    tcombine ycb = { 0 };
+    random_y(w, &ycb);
+    tcombine got = { 0 };
+    memcpy(got.y, ycb.y, sizeof got.y);
+    CHECK(run_combine(w, &got) == SYMM_OK, "combine with hosts: %s", symm_last_error());
+    /* Per host: the proxies' forwarded tokens, the companion's dispatch and combine. */
+    void *part[MAXW][MAXW] = { { 0 } };   /* [g][l]: the proxy's combine output */
+    int *slot[MAXW][MAXW] = { { 0 } };    /* [g][s]: token t of s -> forwarded index at (g, l_s), or -1 */
+    for (int g = 0; g < H; g++) {
+        symm_ref_input fin[MAXW];
+        symm_ref_recv frecv[MAXW];
+        fwd_src *fsrc[MAXW];
+        void *fx[MAXW];
+        float *fsc[MAXW], *fw[MAXW];
+        int32_t *fidx[MAXW];
+        for (int l = 0; l < L; l++) {
+            size_t cap = (size_t)H * c->max_tokens;
+            fx[l] = malloc(cap * xb + 1);
+            fsc[l] = malloc(cap * (size_t)(blocks + 1) * sizeof(float));
+            fw[l] = malloc(cap * K * sizeof(float));
+            fidx[l] = malloc(cap * K * sizeof(int32_t));
+            fsrc[l] = malloc(cap * sizeof(fwd_src));
+            int n = 0;
+            for (int h = 0; h < H; h++) {
+                const int s = h * L + l;
+                slot[g][s] = malloc(((size_t)w->in[s].tokens + 1) * sizeof(int));
+                for (int t = 0; t < w->in[s].tokens; t++) {
+                    const int32_t *row = token_row(w, s, t);
+                    int here = 0;
+                    for (int k = 0; k < K; k++)
+                        here |= entry_valid(row, k, c->experts) && row[k] / Eh == g;
+                    slot[g][s][t] = here ? n : -1;
+                    if (!here)
+                        continue;
+                    memcpy((char *)fx[l] + (size_t)n * xb, (const char *)w->x[s] + (size_t)t * xb, xb);
+                    if (blocks)
+                        memcpy(fsc[l] + (size_t)n * blocks, w->scales[s] + (size_t)t * blocks, blocks * sizeof(float));
+                    memcpy(fw[l] + (size_t)n * K, w->tw[s] + (size_t)t * K, K * sizeof(float));
+                    for (int k = 0; k < K; k++)
+                        fidx[l][(size_t)n * K + k] =
+                            entry_valid(row, k, c->experts) && row[k] / Eh == g ? row[k] - g * Eh : -1;
+                    fsrc[l][n++] = (fwd_src){ s, t };
+                }
+            }
+            fin[l] = (symm_ref_input){ n, fx[l], blocks ? fsc[l] : NULL, fidx[l], fw[l] };
+            CHECK(symm_ref_recv_alloc(&cc, &frecv[l]) == SYMM_OK, "alloc: %s", symm_last_error());
+        }
+        symm_status st = symm_ref_dispatch(&cc, fin, frecv, NULL);
+        CHECK(st == SYMM_OK || st == SYMM_ERR_OVERFLOW, "companion dispatch: %s", symm_last_error());
+        /* The hybrid's rows on host g are the companion's, sources mapped back. */
+        for (int j = 0; j < L; j++) {
+            const symm_ref_recv *a = &w->recv[g * L + j], *b = &frecv[j];
+            const int p = g * L + j;
+            CHECK(a->rows == b->rows && a->dropped == b->dropped, "rank %d: rows %lld dropped %lld, the composed "
+                  "backend %lld and %lld", p, (long long)a->rows, (long long)a->dropped, (long long)b->rows,
+                  (long long)b->dropped);
+            CHECK(!memcmp(a->expert_count, b->expert_count, (size_t)local_experts(c) * 4) &&
+                  !memcmp(a->expert_offset, b->expert_offset, (size_t)local_experts(c) * 4),
+                  "rank %d: expert counts or offsets differ", p);
+            for (int64_t r = 0; r < a->rows; r++) {
+                if (!row_written(w, p, r)) /* padding: unwritten in both */
+                    continue;
+                const int32_t *bs = b->src + (size_t)r * 4;
+                const fwd_src o = fsrc[bs[0]][bs[1]];
+                const int32_t want[4] = { o.s, o.t, bs[2], 0 };
+                CHECK(!memcmp(a->src + (size_t)r * 4, want, 16), "rank %d row %lld: src {%d, %d, %d}, the composed "
+                      "backend {%d, %d, %d}", p, (long long)r, a->src[r * 4], a->src[r * 4 + 1], a->src[r * 4 + 2],
+                      want[0], want[1], want[2]);
+                CHECK(!memcmp((char *)a->x + r * xb, (char *)b->x + r * xb, xb), "rank %d row %lld: x", p, (long long)r);
+                if (blocks)
+                    CHECK(!memcmp(a->scales + r * blocks, b->scales + r * blocks, blocks * sizeof(float)), "scales");
+                if (c->layout == SYMM_LAYOUT_RANK)
+                    CHECK(!memcmp(a->topk_idx + r * K, b->topk_idx + r * K, K * 4), "rank %d row %lld: topk", p,
+                          (long long)r);
+                if (c->weights) {
+                    size_t wn = c->layout == SYMM_LAYOUT_RANK ? (size_t)K : 1;
+                    CHECK(!memcmp(a->weights + r * wn, b->weights + r * wn, wn * 4), "weights");
+                }
+            }
+        }
+        /* The companion's combine: the proxies' rows. */
+        const void *yg[MAXW];
+        void *outg[MAXW];
+        for (int j = 0; j < L; j++) {
+            yg[j] = ycb.y[g * L + j];
+            outg[j] = part[g][j] = malloc((size_t)fin[j].tokens * cb + 1);
+        }
+        CHECK(symm_ref_combine(&cc, fin, frecv, yg, outg) == SYMM_OK, "companion combine: %s", symm_last_error());
+        for (int l = 0; l < L; l++) {
+            symm_ref_recv_free(&frecv[l]);
+            free(fx[l]);
+            free(fsc[l]);
+            free(fw[l]);
+            free(fidx[l]);
+            free(fsrc[l]);
+        }
+    }
+    /* The source: sum over hosts ascending of the returned rows, fp32, rounded once. */
+    for (int s = 0; s < c->world; s++) {
+        const int l = s % L;
+        for (int t = 0; t < w->in[s].tokens; t++)
+            for (int h = 0; h < c->hidden; h++) {
+                float acc = 0.0f;
+                for (int g = 0; g < H; g++)
+                    if (slot[g][s][t] >= 0)
+                        acc = acc + load_value(c->combine_dtype, part[g][l], (size_t)slot[g][s][t] * c->hidden + h);
+                store_value(c->combine_dtype, got.want[s], (size_t)t * c->hidden + h, acc);
+            }
+    }
+    check_outputs(w, &got, "combine with hosts");
+    for (int g = 0; g < H; g++)
+        for (int i = 0; i < c->world; i++) {
+            free(part[g][i]);
+            free(slot[g][i]);
+        }
+    combine_free(w, &got);
+}
+
+Test(hosts, rows_and_sums_are_the_hybrid_built_from_one_host_references)
+{
+    seed();
+    static const int shapes[][2] = { { 2, 2 }, { 4, 2 }, { 4, 4 }, { 6, 2 }, { 6, 3 }, { 8, 2 }, { 8, 4 } };
+    for (int iter = 0; iter < 300; iter++) {
+        symm_ref_config c = random_config();
+        const int *sh = shapes[rnd(7)];
+        c.world = sh[0];
+        c.hosts = sh[1];
+        c.experts = c.world * (1 + rnd(4));
+        int max_k = c.experts < SYMM_REF_MAX_TOPK ? c.experts : SYMM_REF_MAX_TOPK;
+        max_k = c.experts / c.hosts < max_k ? c.experts / c.hosts : max_k; /* the companion's experts */
+        c.topk = 1 + rnd(max_k < 6 ? max_k : 6);
+        c.combine_order = SYMM_COMBINE_ORDER_RANK;
+        if (chance(30))
+            c.capacity = 1 + rnd((int)symm_ref_worst_capacity(&c));
+        const gen g = { 10, chance(30) ? 5 : 0, -1, 15 };
+        tworld w;
+        world_make(&w, &c, &g, 0);
+        symm_status st = world_dispatch(&w);
+        CHECK(st == SYMM_OK || st == SYMM_ERR_OVERFLOW, "dispatch with hosts: %s", symm_last_error());
+        for (int s = 0; s < c.world; s++)
+            CHECK(w.stats[s].invalid == invalid_of(&w, s), "rank %d: invalid %lld, expected %lld", s,
+                  (long long)w.stats[s].invalid, (long long)invalid_of(&w, s));
+        hosts_composed_check(&w);
+        world_free(&w);
+    }
+}
+
+/* W = 4 on 2 hosts (ranks 0, 1 | 2, 3), one expert a rank, K = 3, bf16.
+ * Every rank's token 0 chooses expert 0; rank 0's also experts 1 and 2.
+ * On rank 0 the rows come by (local index, host, token): from ranks 0, 2,
+ * 1, 3 (one host: 0, 1, 2, 3). Rank 0's token gets y = 1 from rank 0 and
+ * 2^-8 from ranks 1 and 2: one host sums 1 + 2^-8 + 2^-8 = 1 + 2^-7 (a
+ * bf16); across hosts host 0's part 1 + 2^-8 rounds (a tie, to even) to 1,
+ * host 1's is 2^-8, and 1 + 2^-8 rounds to 1 again. */
+Test(hosts, hand_worked_order_and_rounding_differ_from_one_host)
+{
+    static const int32_t r0[] = { 0, 1, 2 }, r1[] = { 0, -1, -1 }, r2[] = { 0, -1, -1 }, r3[] = { 0, -1, -1 };
+    static const int32_t *const rows[] = { r0, r1, r2, r3 };
+    static const int tokens[] = { 1, 1, 1, 1 };
+    for (int hosts = 0; hosts <= 2; hosts += 2) {
+        symm_ref_config c = { .hidden = 16, .topk = 3, .experts = 4, .world = 4, .max_tokens = 1,
+                              .dtype = SYMM_DTYPE_BF16, .combine_dtype = SYMM_DTYPE_BF16, .layout = SYMM_LAYOUT_RANK,
+                              .weights = 0, .align = 1, .hosts = hosts };
+        tworld w;
+        world_from_rows(&w, &c, tokens, rows);
+        CHECK(world_dispatch(&w) == SYMM_OK, "dispatch: %s", symm_last_error());
+        const int order[2][4] = { { 0, 1, 2, 3 }, { 0, 2, 1, 3 } };
+        CHECK(w.recv[0].rows == 4, "rank 0: %lld rows, expected 4", (long long)w.recv[0].rows);
+        for (int r = 0; r < 4; r++)
+            CHECK(w.recv[0].src[r * 4] == order[hosts / 2][r] && w.recv[0].src[r * 4 + 1] == 0,
+                  "hosts %d: rank 0 row %d comes from rank %d, expected %d", hosts, r, w.recv[0].src[r * 4],
+                  order[hosts / 2][r]);
+        CHECK(w.recv[1].rows == 1 && w.recv[2].rows == 1 && w.recv[3].rows == 0, "rows on ranks 1..3");
+        tcombine cb = { 0 };
+        for (int p = 0; p < 4; p++) {
+            cb.y[p] = calloc((size_t)symm_ref_capacity(&c) * 16, 2);
+            const float v = p == 0 ? 1.0f : 0x1p-8f;
+            for (int h = 0; h < 16; h++)
+                store_value(SYMM_DTYPE_BF16, cb.y[p], (size_t)h, v); /* row 0 on every rank: rank 0's token */
+        }
+        CHECK(run_combine(&w, &cb) == SYMM_OK, "combine: %s", symm_last_error());
+        const float want = hosts ? 1.0f : 1.0f + 0x1p-7f;
+        for (int h = 0; h < 16; h++)
+            CHECK(load_value(SYMM_DTYPE_BF16, cb.out[0], (size_t)h) == want, "hosts %d: element %d is %a, expected %a",
+                  hosts, h, load_value(SYMM_DTYPE_BF16, cb.out[0], (size_t)h), want);
+        combine_free(&w, &cb);
+        world_free(&w);
+    }
+}
+
+Test(hosts, config_checks_name_hosts)
+{
+    symm_ref_config c = { .hidden = 16, .topk = 2, .experts = 8, .world = 4, .max_tokens = 4,
+                          .dtype = SYMM_DTYPE_BF16, .combine_dtype = SYMM_DTYPE_BF16, .layout = SYMM_LAYOUT_EXPERT,
+                          .weights = 1, .align = 1 };
+    const struct { int hosts; symm_combine_order order; const char *needle; } cases[] = {
+        { 3, SYMM_COMBINE_ORDER_RANK, "hosts 3: expected 0 or 1 (one host), or a host count 2..4 that divides world 4" },
+        { 8, SYMM_COMBINE_ORDER_RANK, "hosts 8: expected 0 or 1" },
+        { -1, SYMM_COMBINE_ORDER_RANK, "hosts -1: expected 0 or 1" },
+        { 2, SYMM_COMBINE_ORDER_K, "combine_order k with hosts 2: expected rank" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        c.hosts = cases[i].hosts;
+        c.combine_order = cases[i].order;
+        CHECK(symm_ref_check_config(&c) == SYMM_ERR_INVALID_ARG, "case %zu accepted", i);
+        CHECK(strstr(symm_last_error(), cases[i].needle), "case %zu: \"%s\" lacks \"%s\"", i, symm_last_error(),
+              cases[i].needle);
+    }
+    for (int h = 0; h <= 4; h += h == 2 ? 2 : 1) {
+        c.hosts = h;
+        c.combine_order = SYMM_COMBINE_ORDER_RANK;
+        CHECK(h == 3 || symm_ref_check_config(&c) == SYMM_OK, "hosts %d refused: %s", h, symm_last_error());
     }
 }

@@ -405,10 +405,10 @@ Test(spec, unknown_field_far_from_all_lists_them)
                                   padding(), fields(&s));
     cr_assert(load(path) == -1);
     expect_message("%s:%d: variant %s: field frobnicate: unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts",
                    path, pad_lines + 1, s.name);
     expect_message("%s:%d: variant %s: field \"two words\": unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts",
                    path, pad_lines + 1, s.name);
     expect_count(2);
 }
@@ -430,7 +430,7 @@ Test(spec, wrong_type_names_value_and_expectation)
         { "hidden", "\"7168\"", "\"7168\"", "an integer > 0" },
         { "hidden", "7168.5", "7168.5", "an integer > 0" },
         { "topk", "true", "true", "an integer 1..16" },
-        { "world", "{ 2 }", "a table", "an integer 2..128" },
+        { "world", "{ 2 }", "{2}", "an integer 2..128" },
         { "max_tokens", "function() end", "a function", "an integer > 0" },
         { "experts", "1/0", "inf", "an integer 1..8192" },
         { "weights", "1", "1", "true or false" },
@@ -1423,7 +1423,7 @@ Test(spec, bad_overrides_are_named)
     expect_message("-D hiden=7: unknown field, did you mean \"hidden\"?");
     expect_message("-D name=x: name cannot be overridden (each variant needs its own)");
     expect_message("-D frob=1: unknown field, expected one of name, hidden, topk, experts, world, max_tokens, "
-                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order");
+                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts");
     expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 8 for bf16 " ROWS_WHY
                    " (from -D hidden=%d) (with -D topk=abc in effect)", path, pad_lines + 1, a.name, bad_hidden,
                    bad_hidden);
@@ -1680,7 +1680,20 @@ static bool pulls_expert_in_world(const sg_variant *v, int w)
 Test(spec, default_spec_covers_the_matrix)
 {
     cr_assert(load("specs/default.lua") == 0, "specs/default.lua:\n%s", messages());
-    cr_expect(spec.count >= 12 && spec.count <= 28, "%zu variants, expected 12..28", spec.count);
+    /* The companions (field hosts) come on top: a few, one of them of one
+     * rank and one of layout expert. */
+    size_t companions = 0, of_one_rank = 0, of_expert = 0;
+    for (size_t i = 0; i < spec.count; i++) {
+        const sg_variant *v = &spec.variants[i];
+        companions += v->companion_hosts > 0;
+        of_one_rank += v->companion_hosts > 0 && v->world == 1;
+        of_expert += v->companion_hosts > 0 && v->layout == SYMM_LAYOUT_EXPERT;
+    }
+    cr_expect(companions >= 2 && companions <= 6 && of_one_rank >= 1 && of_expert >= 1,
+              "%zu companions (%zu of one rank, %zu of layout expert), expected 2..6 with one of each", companions,
+              of_one_rank, of_expert);
+    cr_expect(spec.count - companions >= 12 && spec.count - companions <= 28, "%zu variants, expected 12..28",
+              spec.count - companions);
     for (int d = SYMM_DTYPE_BF16; d <= SYMM_DTYPE_FP8_E4M3; d++)
         cr_expect(count_if(has_dtype, d) > 0, "no %s variant", sg_dtype_name((symm_dtype)d));
     cr_expect(count_if(has_combine, SYMM_DTYPE_FP32) > 0 && count_if(has_combine, SYMM_DTYPE_FP16) > 0,
@@ -1699,6 +1712,8 @@ Test(spec, default_spec_covers_the_matrix)
                   count_if(pulls_rank_in_world, w), count_if(pulls_expert_in_world, w));
     for (size_t i = 0; i < spec.count; i++) {
         const sg_variant *v = &spec.variants[i];
+        if (v->companion_hosts) /* its parent's shape on one host (spec.c) */
+            continue;
         cr_expect(v->hidden >= 1024 && v->hidden <= 7168 && v->max_tokens >= 128 && v->max_tokens <= 512 &&
                   v->experts >= 8 && v->experts <= 64 && v->topk <= 8,
                   "%s: sizes should stay modest", v->name);
@@ -1992,4 +2007,134 @@ Test(spec, every_name_the_stub_headers_declare_is_refused)
     free(by_line);
     sg_buf_free(&text);
     sg_buf_free(&names);
+}
+
+/* ---------------------------------------------------------------------- */
+/* hosts: the companions of the hybrid backend */
+
+/* Each host count H gives a companion NAME_hH right after its variant:
+ * world / H, experts / H, H * max_tokens, the same capacity (whose worst
+ * case the companion's equals), everything else equal; listed ascending. */
+Test(spec, hosts_add_a_companion_per_host_count_after_the_variant)
+{
+    shape s = random_shape();
+    s.world = 4 * (int)rnd(1, 4);
+    s.experts = s.world * (int)rnd(1, 8);
+    s.topk = (int)rnd(1, s.experts / 4 < 16 ? (unsigned)s.experts / 4 : 16);
+    s.max_tokens = (int)rnd(1, 2048);
+    const int expert = (int)rnd(0, 1), align = expert ? (int)rnd(1, 64) : 1;
+    shape t = random_shape();
+    const char *path = write_file("spec.lua",
+        "layout { %s, layout = \"%s\", align = %d, dtype = \"fp8_e4m3\", sms = 7, hosts = { 4, 2 } }\n"
+        "layout { %s }\n",
+        fields(&s), expert ? "expert" : "rank", align, fields(&t));
+    cr_assert(load(path) == 0, "%s", messages());
+    cr_assert_eq(spec.count, 4);
+    const sg_variant *v = &spec.variants[0];
+    cr_assert_eq(v->n_hosts, 2);
+    cr_assert(v->hosts[0] == 2 && v->hosts[1] == 4, "hosts %d, %d, expected 2, 4", v->hosts[0], v->hosts[1]);
+    cr_assert(v->companions == &spec.variants[1] && v->n_companions == 2);
+    cr_assert(v->companion_hosts == 0 && v->companion_of[0] == '\0');
+    for (int i = 0; i < 2; i++) {
+        const sg_variant *c = &spec.variants[1 + i];
+        const int H = 2 << i;
+        char name[96];
+        snprintf(name, sizeof name, "%s_h%d", s.name, H);
+        cr_expect_str_eq(c->name, name);
+        cr_expect_str_eq(c->companion_of, s.name);
+        cr_expect_eq(c->companion_hosts, H);
+        cr_expect_eq(c->world, s.world / H);
+        cr_expect_eq(c->experts, s.experts / H);
+        cr_expect_eq(c->max_tokens, H * s.max_tokens);
+        cr_expect_eq(c->capacity, v->capacity);
+        cr_expect_eq(sg_worst_capacity(c), sg_worst_capacity(v));
+        cr_expect(c->hidden == v->hidden && c->topk == v->topk && c->dtype == v->dtype &&
+                  c->combine_dtype == v->combine_dtype && c->layout == v->layout && c->align == v->align &&
+                  c->sms == 7 && c->weights == v->weights && c->n_hosts == 0 && c->n_companions == 0);
+    }
+    cr_expect_str_eq(spec.variants[3].name, t.name);
+    cr_expect(spec.variants[3].n_companions == 0 && spec.variants[3].companion_hosts == 0);
+}
+
+/* World 2 on 2 hosts: a companion of world 1 (two hosts of one GPU). */
+Test(spec, hosts_may_give_a_companion_of_one_rank)
+{
+    const char *path = write_file("spec.lua", "layout { name = \"two\", hidden = 256, topk = 2, experts = 8, "
+                                              "world = 2, max_tokens = 64, hosts = { 2 } }\n");
+    cr_assert(load(path) == 0, "%s", messages());
+    cr_assert_eq(spec.count, 2);
+    cr_expect_eq(spec.variants[1].world, 1);
+    cr_expect_eq(spec.variants[1].experts, 4);
+    cr_expect_eq(spec.variants[1].max_tokens, 128);
+    cr_expect_eq(spec.variants[1].capacity, 128);
+}
+
+Test(spec, hosts_errors_name_the_field_and_what_was_expected)
+{
+    static const struct { const char *extra, *lua_value, *expected; } cases[] = {
+        { "", "3", "got 3, expected a list of host counts, each an integer 2..world dividing world, e.g. {2, 4}" },
+        { "", "\"2\"", "got \"2\", expected a list of host counts, each an integer 2..world dividing world, e.g. {2, 4}" },
+        { "", "{ 2, \"x\" }", "got a table, expected a list of host counts, each an integer 2..world dividing world, e.g. {2, 4}" },
+        { "", "{ 1 }", "got {1}, expected host counts 2..128 (1 is not; hosts lists the counts of a world of several hosts)" },
+        { "", "{ 2, 2 }", "got {2, 2}, expected distinct host counts (2 is listed twice)" },
+        { "", "{ 3 }", "got {3}, expected host counts that divide world (4): 3 does not (every host has world / hosts ranks)" },
+        { "", "{ 8 }", "got {8}, expected host counts that divide world (4): 8 does not (every host has world / hosts ranks)" },
+        { ", layout = \"expert\", combine_order = \"k\"", "{ 2 }",
+          "not with combine_order \"k\" (across hosts every (token, expert) row would cross the network back): "
+          "use combine_order \"rank\", or the nccl backend without hosts" },
+        { ", topk = 3", "{ 4 }", "got {4}, expected host counts H with topk (3) at most experts / H (the companion "
+          "of 4 hosts has 2 experts)" },
+        { ", max_tokens = 600000", "{ 2 }",
+          "got {2}, expected host counts H with H * max_tokens at most 1048576 (the companion of 2 hosts takes "
+          "2 * 600000 tokens a call)" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = write_file("spec.lua", "layout { name = \"v\", hidden = 128, topk = 2, experts = 8, "
+                                      "world = 4, max_tokens = 16, hosts = %s%s }\n", cases[i].lua_value,
+                                      cases[i].extra);
+        /* (max_tokens given twice in a Lua table: the later one counts.) */
+        cr_assert(load(path) == -1, "case %zu loaded", i);
+        expect_message("%s:1: variant v: field hosts: %s", path, cases[i].expected);
+        expect_count(1);
+    }
+}
+
+/* A companion's name is free (ignoring case) or the spec is refused; a
+ * name too long for its suffix too. */
+Test(spec, hosts_companion_names_must_be_free_and_short_enough)
+{
+    const char *path = write_file("spec.lua",
+        "layout { name = \"a\", hidden = 128, topk = 2, experts = 8, world = 4, max_tokens = 16, hosts = { 2 } }\n"
+        "layout { name = \"A_H2\", hidden = 128, topk = 2, experts = 8, world = 4, max_tokens = 16 }\n");
+    cr_assert(load(path) == -1);
+    expect_message("%s:1: variant a: field hosts: the companion of 2 hosts is named a_h2, which variant A_H2 "
+                   "(%s:2) also has: rename one", path, path);
+    expect_count(1);
+    char name[64];
+    memset(name, 'n', 62);
+    name[62] = '\0';
+    path = write_file("spec.lua", "layout { name = \"%s\", hidden = 128, topk = 2, experts = 8, world = 4, "
+                      "max_tokens = 16, hosts = { 4 } }\n", name);
+    cr_assert(load(path) == -1);
+    expect_message("%s:1: variant %s: field hosts: the companion of 4 hosts would be named %s_h4, longer than "
+                   "63 characters: shorten the variant's name", path, name, name);
+    expect_count(1);
+}
+
+/* -D hosts=2,4 (or {2,4}) sets the list; -D hosts= clears it. */
+Test(spec, hosts_from_the_command_line)
+{
+    const char *path = write_file("spec.lua", "layout { name = \"v\", hidden = 128, topk = 2, experts = 8, "
+                                              "world = 4, max_tokens = 16, hosts = { 4 } }\n");
+    const sg_override set[] = { { "hosts", "2,4" } }, braces[] = { { "hosts", "{2, 4}" } },
+                      none[] = { { "hosts", "" } }, bad[] = { { "hosts", "2,,4" } };
+    cr_assert(load_with(path, set, 1) == 0, "%s", messages());
+    cr_expect(spec.count == 3 && spec.variants[0].n_hosts == 2);
+    cr_assert(load_with(path, braces, 1) == 0, "%s", messages());
+    cr_expect(spec.count == 3);
+    cr_assert(load_with(path, none, 1) == 0, "%s", messages());
+    cr_expect(spec.count == 1 && spec.variants[0].n_hosts == 0);
+    cr_assert(load_with(path, bad, 1) == -1);
+    expect_message("-D hosts=2,,4: got \"2,,4\", expected a list of host counts, each an integer 2..world "
+                   "dividing world, e.g. {2, 4}");
 }

@@ -93,7 +93,7 @@ static void addf(text *t, const char *fmt, ...)
 
 static const char *const field_names[] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype", "combine_dtype", "layout",
-    "weights", "capacity", "align", "sms", "combine", "combine_order",
+    "weights", "capacity", "align", "sms", "combine", "combine_order", "hosts",
 };
 
 /* A Lua expression of any kind, biased towards the edges of every rule. */
@@ -107,6 +107,7 @@ static void value(text *t)
         "\"a\\0b\"", "\"\\xff\\xfe\"", "\"\\27[2J\"", "\"\\n\\r\\t\"", "\"x\" .. (\"y\"):rep(300)",
         "setmetatable({}, { __index = function() return 1 end })", "string.rep(\"a\", 64)",
         "\"symm_x\"", "\"_x\"", "\"int\"", "\"x_t\"", "\"cuInit\"", "\"NULL\"", "\"malloc\"",
+        "{ 2 }", "{ 2, 4 }", "{ 4, 2, 2 }", "{ 2.0, 8 }",
     };
     switch (below(4)) {
     case 1:
@@ -373,8 +374,18 @@ static void check_variants(const sg_spec *s)
     for (size_t i = 0; i < s->count; i++) {
         const sg_variant *v = &s->variants[i];
         bool ok = v->name[0] && v->hidden > 0 && v->topk >= 1 && v->topk <= 16 && v->topk <= v->experts &&
-                  v->world >= 2 && v->experts % v->world == 0 && v->max_tokens > 0 && v->capacity >= 1 &&
+                  (v->world >= 2 || (v->companion_hosts && v->world >= 1)) && v->experts % v->world == 0 && v->max_tokens > 0 && v->capacity >= 1 &&
                   v->capacity <= sg_worst_capacity(v) && v->align >= 1 && v->sms >= 1 && v->file;
+        /* A companion: its parent's shape on one host, right after it or its other companions. */
+        if (v->companion_hosts) {
+            const sg_variant *p = v - 1;
+            while (p->companion_hosts)
+                p--;
+            ok = ok && strcmp(p->name, v->companion_of) == 0 && v->world * v->companion_hosts == p->world &&
+                 v->experts * v->companion_hosts == p->experts &&
+                 v->max_tokens == v->companion_hosts * p->max_tokens && v->capacity == p->capacity &&
+                 sg_worst_capacity(v) == sg_worst_capacity(p) && p->combine_order == SYMM_COMBINE_ORDER_RANK;
+        }
         cr_assert(ok, "variant %zu (%s) breaks the rules: hidden %d topk %d experts %d world %d max_tokens %d "
                   "capacity %lld align %d sms %d\n%s", i, v->name, v->hidden, v->topk, v->experts, v->world,
                   v->max_tokens, (long long)v->capacity, v->align, v->sms, report);
@@ -390,6 +401,10 @@ static bool same_variants(const sg_spec *a, const sg_spec *b)
         if (!x.file || !y.file || strcmp(x.file, y.file) != 0)
             return false;
         x.file = y.file = NULL;
+        /* Companions point into their own spec: the same place in both. */
+        if ((x.companions ? x.companions - a->variants : -1) != (y.companions ? y.companions - b->variants : -1))
+            return false;
+        x.companions = y.companions = NULL;
         if (memcmp(&x, &y, sizeof x) != 0)
             return false;
     }

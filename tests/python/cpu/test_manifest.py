@@ -50,20 +50,20 @@ def test_unreadable_and_malformed(tmp_path, default_manifest):
         manifest.load(str(tmp_path / "none.json"))
     with pytest.raises(manifest.ManifestError, match="not a JSON manifest"):
         manifest.load(write(tmp_path, "{ nope"))
-    with pytest.raises(manifest.ManifestError, match="format 2: this package reads manifest format 1"):
-        manifest.load(write(tmp_path, {"format": 2, "variants": []}))
+    with pytest.raises(manifest.ManifestError, match="format 3: this package reads manifest format 2"):
+        manifest.load(write(tmp_path, {"format": 3, "variants": []}))
     fields = dict(default_manifest.variant("bf16_rank_w2").fields)
     del fields["hidden"]
     with pytest.raises(manifest.ManifestError, match="variant bf16_rank_w2: field hidden: got None, expected an integer"):
-        manifest.load(write(tmp_path, {"format": 1, "variants": [fields]}))
+        manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
     fields = dict(default_manifest.variant("bf16_rank_w2").fields, dtype="int4")
     with pytest.raises(manifest.ManifestError, match="field dtype: got 'int4', expected one of bf16, fp16, fp32"):
-        manifest.load(write(tmp_path, {"format": 1, "variants": [fields]}))
+        manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
 
 
 def test_directory_and_single_variant(tmp_path, default_manifest):
     fields = default_manifest.variant("bf16_rank_w2").fields
-    write(tmp_path, {"format": 1, "spec": "x.lua", "variants": [fields]})
+    write(tmp_path, {"format": 2, "spec": "x.lua", "variants": [fields]})
     m = manifest.load(str(tmp_path))
     assert m.variant().name == "bf16_rank_w2"
     assert m.spec == "x.lua"

@@ -169,3 +169,14 @@ def test_layout_expert_combine_orders_differ(order, want):
     res = ref.dispatch(cfg, ins)
     out0, _ = ref.combine(cfg, ins, res, [r.x for r in res.recv])
     assert list(array.array("f", bytes(out0))) == [want] * H
+
+
+@pytest.mark.parametrize("hosts, order", [(0, [0, 1, 2, 3]), (2, [0, 2, 1, 3])])
+def test_hosts_order_rows_by_local_index_then_host(hosts, order):
+    # 4 ranks on 2 hosts (0, 1 | 2, 3), each token 0 for expert 0 (rank 0):
+    # across hosts rank 0 receives by (local index, host): ranks 0, 2, 1, 3.
+    cfg = ref.Config(hidden=H, topk=1, experts=4, world=4, max_tokens=1, dtype="fp32", hosts=hosts)
+    ins = [ref.Input(1, f32([float(s)] * H), i32([0]), f32([1.0])) for s in range(4)]
+    res = ref.dispatch(cfg, ins)
+    src = array.array("i", bytes(res.recv[0].src))
+    assert [src[4 * r] for r in range(4)] == order

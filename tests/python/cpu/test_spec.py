@@ -104,7 +104,9 @@ def test_spec_file_with_defines(cache):
     path = spec.generate(spec_path=os.path.join(ROOT, "specs", "default.lua"), defines={"max_tokens": 512},
                          cache_dir=cache)
     m = manifest.load(path)
-    assert all(v.max_tokens == 512 for v in m.variants.values())
+    # A companion (spec field hosts) takes hosts * max_tokens a call.
+    assert all(v.max_tokens == 512 * (v.hosts if v.companion_of else 1) for v in m.variants.values())
+    assert any(v.companion_of for v in m.variants.values())
     with pytest.raises(spec.SpecError, match="no such file"):
         spec.generate(spec_path=os.path.join(ROOT, "specs", "missing.lua"), cache_dir=cache)
     with pytest.raises(TypeError, match="give a spec_path or a text"):
