@@ -488,6 +488,10 @@ static symm_status build_table(const symm_world *w, const symm_tcp_proof *info, 
     char ranks[256], label[SYMM_WORLD_HOST_ID_MAX];
     for (int r = 0; st == SYMM_OK && r < size; r++) {
         const int h = t->host_of[r], lr = info[r].local_rank, ls = info[r].local_size;
+        if ((ls == 0 || ls == count[h]) && lr < count[h] && slot[base[h] + lr] < 0) {
+            slot[base[h] + lr] = r;
+            continue;
+        }
         symm_world_host_label(t->ids[h], label, sizeof label);
         ranks_of_host(t->host_of, size, h, ranks, sizeof ranks);
         if (ls > 0 && ls != count[h])
@@ -498,12 +502,10 @@ static symm_status build_table(const symm_world *w, const symm_tcp_proof *info, 
             st = symm_fail(SYMM_ERR_MISMATCH, "%s: host %s: rank %d has local rank %d, but the host has %d ranks "
                            "(%s): expected local ranks 0..%d, each once", call, label, r, lr, count[h], ranks,
                            count[h] - 1);
-        else if (slot[base[h] + lr] >= 0)
+        else
             st = symm_fail(SYMM_ERR_MISMATCH, "%s: host %s: ranks %d and %d both have local rank %d (the host's "
                            "%s): expected local ranks 0..%d, each once", call, label, slot[base[h] + lr], r, lr,
                            ranks, count[h] - 1);
-        else
-            slot[base[h] + lr] = r;
     }
     free(count);
     free(base);
