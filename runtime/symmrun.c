@@ -80,7 +80,9 @@ static const char usage_text[] =
     "                NCCL_HOSTID of its host (NCCL treats the hosts as separate\n"
     "                nodes), a SYMM_SOCKET_DIR of its host (made and removed by\n"
     "                symmrun), SYMM_LOCAL_RANK r %% (N/H), SYMM_LOCAL_SIZE N/H and\n"
-    "                SYMM_ROOT_ADDR=127.0.0.1:<a free port>\n"
+    "                SYMM_ROOT_ADDR=127.0.0.1:<a free port>; NCCL_SOCKET_IFNAME=lo and\n"
+    "                NCCL_IB_DISABLE=1 unless set (NCCL's network transport over\n"
+    "                loopback between the simulated hosts: correct, not fast)\n"
     "  --hosts H --host-index I --root ADDR:PORT\n"
     "                this host's part of a job on H hosts, started by one symmrun\n"
     "                per host (I = 0..H-1; host 0 runs rank 0, which listens at\n"
@@ -605,6 +607,9 @@ static void child_exec(job *j, int r, int out_fd, int err_fd)
         setenv("SYMM_SOCKET_DIR", buf, 1);
         snprintf(buf, sizeof buf, "symmrun-%.200s-host-%d", j->job_id, h);
         setenv("NCCL_HOSTID", buf, 1);
+        /* The hosts are one machine: NCCL's network transport over loopback. */
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
     }
     if (j->opt.ngpus > 0)
         setenv_int("SYMM_DEVICE", j->opt.gpus[r % j->opt.ngpus]);

@@ -760,8 +760,10 @@ Test(symmrun, ranks_join_one_world_through_the_environment)
 Test(symmrun, sim_hosts_give_each_host_its_identity_and_socket_directory)
 {
     static const char script[] = "echo \"$SYMM_RANK $SYMM_LOCAL_RANK $SYMM_LOCAL_SIZE $SYMM_HOST_ID $NCCL_HOSTID "
-                                 "$SYMM_SOCKET_DIR $SYMM_ROOT_ADDR\"";
+                                 "$SYMM_SOCKET_DIR $SYMM_ROOT_ADDR ${NCCL_SOCKET_IFNAME-unset} ${NCCL_IB_DISABLE-unset}\"";
     unsetenv("NCCL_HOSTID");
+    unsetenv("NCCL_SOCKET_IFNAME");
+    setenv("NCCL_IB_DISABLE", "0", 1);
     run r = run_symmrun((const char *[]){"-n", "6", "--sim-hosts", "3", "/bin/sh", "-c", script, NULL}, 10);
     cr_assert_eq(r.code, 0, "stderr: %s", r.buf[1]);
     char nccl[6][128] = {{0}}, dir[6][256] = {{0}}, root[6][64] = {{0}};
@@ -769,9 +771,11 @@ Test(symmrun, sim_hosts_give_each_host_its_identity_and_socket_directory)
     int seen = 0;
     for (char *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
         int prefix, rank, local, lsize;
-        char host[32], n[128], d[256], a[64];
-        cr_assert(sscanf(l, "[%d] %d %d %d %31s %127s %255s %63s", &prefix, &rank, &local, &lsize, host, n, d, a) == 8,
-                  "bad line: %s", l);
+        char host[32], n[128], d[256], a[64], ifname[16], ib[16];
+        cr_assert(sscanf(l, "[%d] %d %d %d %31s %127s %255s %63s %15s %15s", &prefix, &rank, &local, &lsize, host, n, d,
+                         a, ifname, ib) == 10, "bad line: %s", l);
+        cr_assert_str_eq(ifname, "lo", "rank %d: NCCL_SOCKET_IFNAME unset before, expected lo", rank);
+        cr_assert_str_eq(ib, "0", "rank %d: NCCL_IB_DISABLE set by the caller must be kept", rank);
         cr_assert(rank >= 0 && rank < 6 && prefix == rank, "line: %s", l);
         char want[16];
         snprintf(want, sizeof want, "sim%d", rank / 2);
@@ -795,6 +799,7 @@ Test(symmrun, sim_hosts_give_each_host_its_identity_and_socket_directory)
         }
     for (int i = 0; i < 6; i++)
         cr_assert(access(dir[i], F_OK) != 0, "%s is left behind", dir[i]);
+    unsetenv("NCCL_IB_DISABLE");
     release(&r);
 }
 
