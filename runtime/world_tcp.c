@@ -225,14 +225,17 @@ static symm_status bind_one(int family, const struct sockaddr *addr, socklen_t l
 }
 
 /* Listen at the root address's port: on the address itself when it is a
- * loopback one (simulated hosts stay on this machine), else on every
- * interface (a name may resolve to another address here than elsewhere). */
+ * loopback literal or "localhost" (simulated hosts stay on this machine),
+ * else on every interface: a name may resolve to another address here than
+ * elsewhere (Debian maps a host's own name to 127.0.1.1). */
 static symm_status root_listen(const symm_wenv *env, int *out)
 {
     char port[16], where[SYMM_WORLD_ADDR_MAX + 16];
     snprintf(port, sizeof port, "%d", env->root_port);
     addr_text(env, where, sizeof where);
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    int numeric = strcmp(env->root_host, "localhost") != 0;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | (numeric ? AI_NUMERICHOST : 0)}, *res = NULL;
     symm_status st = SYMM_ERR_SYSTEM;
     if (getaddrinfo(env->root_host, port, &hints, &res) == 0 && res && is_loopback(res->ai_addr))
         st = bind_one(res->ai_family, res->ai_addr, res->ai_addrlen, env, out);
