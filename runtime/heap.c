@@ -733,12 +733,36 @@ static symm_status check_create_args(symm_world *world, symm_device *dev, size_t
     return SYMM_OK;
 }
 
+void symm_hosts_text(const symm_world *world, char *buf, size_t n)
+{
+    int hosts = symm_world_host_count(world);
+    size_t used = (size_t)snprintf(buf, n, "%d hosts (", hosts);
+    for (int h = 0; h < hosts && used < n; h++) {
+        const char *id = symm_world_host_name(world, h), *boot = strstr(id, " (boot ");
+        if (h == 8) {
+            used += (size_t)snprintf(buf + used, n - used, ", ...");
+            break;
+        }
+        used += (size_t)snprintf(buf + used, n - used, "%s%.*s", h ? ", " : "",
+                                 boot ? (int)(boot - id) : (int)strlen(id), id);
+    }
+    if (used < n)
+        snprintf(buf + used, n - used, ")");
+}
+
 symm_status symm_alloc_create(symm_world *world, symm_device *dev, size_t bytes,
                               unsigned flags, symm_alloc **out)
 {
     if (!out)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_alloc_create: out is NULL");
     *out = NULL;
+    /* Every rank knows its world's hosts: all refuse alike, nobody waits. */
+    if (world && symm_world_host_count(world) > 1) {
+        char hosts[640];
+        symm_hosts_text(world, hosts, sizeof hosts);
+        return symm_fail(SYMM_ERR_UNSUPPORTED, "symm_alloc_create: the world spans %s, and GPU memory is "
+                         "shared among the ranks of one host: allocate on symm_world_host_world(world)", hosts);
+    }
     /* Every call with a usable device takes a sequence number, failed or
      * not, so that ranks stay in step after an error on some of them. */
     uint64_t seq = 0;

@@ -13,4 +13,8 @@
  * lowest failing rank, or SYMM_OK when every rank succeeded. Also a barrier. */
 symm_status symm_agree(symm_world *world, symm_status local, const char *call);
 
+/* "2 hosts (node01, node02)" for the messages that refuse a world across
+ * hosts (machine ids shown by hostname). */
+void symm_hosts_text(const symm_world *world, char *buf, size_t n);
+
 #endif

@@ -122,3 +122,48 @@ void symm_sha256_hex_of(const void *data, size_t len, char hex[SYMM_SHA256_HEX_S
     symm_sha256(data, len, digest);
     symm_sha256_hex(digest, hex);
 }
+
+/* RFC 2104: HMAC(K, m) = H((K0 ^ opad) || H((K0 ^ ipad) || m)), K0 the key
+ * padded to the 64-byte block (hashed first when longer). */
+void symm_hmac_sha256_init(symm_hmac_sha256_ctx *m, const void *key, size_t key_len)
+{
+    uint8_t k0[64] = {0}, pad[64];
+    if (key_len > sizeof k0)
+        symm_sha256(key, key_len, k0);
+    else if (key_len > 0)
+        memcpy(k0, key, key_len);
+    for (int i = 0; i < 64; i++)
+        pad[i] = k0[i] ^ 0x36;
+    symm_sha256_init(&m->inner);
+    symm_sha256_update(&m->inner, pad, sizeof pad);
+    for (int i = 0; i < 64; i++)
+        pad[i] = k0[i] ^ 0x5c;
+    symm_sha256_init(&m->outer);
+    symm_sha256_update(&m->outer, pad, sizeof pad);
+    memset(k0, 0, sizeof k0);
+    memset(pad, 0, sizeof pad);
+}
+
+void symm_hmac_sha256_update(symm_hmac_sha256_ctx *m, const void *data, size_t len)
+{
+    symm_sha256_update(&m->inner, data, len);
+}
+
+void symm_hmac_sha256_final(symm_hmac_sha256_ctx *m, uint8_t mac[SYMM_SHA256_SIZE])
+{
+    uint8_t inner[SYMM_SHA256_SIZE];
+    symm_sha256_final(&m->inner, inner);
+    symm_sha256_update(&m->outer, inner, sizeof inner);
+    symm_sha256_final(&m->outer, mac);
+    memset(inner, 0, sizeof inner);
+    memset(m, 0, sizeof *m);
+}
+
+void symm_hmac_sha256(const void *key, size_t key_len, const void *data, size_t len,
+                      uint8_t mac[SYMM_SHA256_SIZE])
+{
+    symm_hmac_sha256_ctx m;
+    symm_hmac_sha256_init(&m, key, key_len);
+    symm_hmac_sha256_update(&m, data, len);
+    symm_hmac_sha256_final(&m, mac);
+}

@@ -1,6 +1,8 @@
 /* sha256.h: SHA-256 (FIPS 180-4), used to key the JIT cache, to check the
  * integrity of cache entries and sources, and by symmgen for the hashes it
- * writes into stubs and the manifest. Internal; not installed. */
+ * writes into stubs and the manifest; HMAC-SHA256 (RFC 2104), with which the
+ * ranks of a world across hosts prove the job secret to each other.
+ * Internal; not installed. */
 #ifndef SYMM_SHA256_H
 #define SYMM_SHA256_H
 
@@ -30,5 +32,17 @@ void symm_sha256_hex(const uint8_t digest[SYMM_SHA256_SIZE], char hex[SYMM_SHA25
 
 /* Lowercase hex digest of one buffer. */
 void symm_sha256_hex_of(const void *data, size_t len, char hex[SYMM_SHA256_HEX_SIZE]);
+
+/* HMAC-SHA256 (RFC 2104) with a key of any length. */
+typedef struct symm_hmac_sha256_ctx {
+    symm_sha256_ctx inner, outer;
+} symm_hmac_sha256_ctx;
+
+void symm_hmac_sha256_init(symm_hmac_sha256_ctx *m, const void *key, size_t key_len);
+void symm_hmac_sha256_update(symm_hmac_sha256_ctx *m, const void *data, size_t len);
+/* Writes the MAC and wipes m. */
+void symm_hmac_sha256_final(symm_hmac_sha256_ctx *m, uint8_t mac[SYMM_SHA256_SIZE]);
+void symm_hmac_sha256(const void *key, size_t key_len, const void *data, size_t len,
+                      uint8_t mac[SYMM_SHA256_SIZE]);
 
 #endif

@@ -1,7 +1,10 @@
 /* symmrun.c: the launcher. `symmrun -n N prog args...` starts N ranks of prog
  * on this host with the SYMM_* variables that symm_world_create_from_env()
  * reads, prefixes every line they print with their rank, passes signals on,
- * and stops the whole job when one rank fails.
+ * and stops the whole job when one rank fails. `--sim-hosts H` splits them
+ * into H simulated hosts of this machine (a world across hosts, for tests);
+ * `--hosts N --host-index I --root ADDR:PORT` starts this host's part of a
+ * job on N real hosts (one symmrun per host).
  *
  * Two processes. The one the user starts (the front) passes SIGINT, SIGTERM
  * and SIGHUP on to its child, the supervisor, and exits with its status.
@@ -30,10 +33,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -51,13 +57,14 @@
 #define MAX_LINE (1u << 20)
 
 static const char usage_text[] =
-    "usage: symmrun -n N [--gpus LIST] [--timeout S] [--nccl-shared-gpu] [--] PROG [ARGS...]\n"
+    "usage: symmrun -n N [--gpus LIST] [--timeout S] [--nccl-shared-gpu] [--sim-hosts H] [--] PROG [ARGS...]\n"
+    "       symmrun -n N --hosts H --host-index I --root ADDR:PORT [options] [--] PROG [ARGS...]\n"
     "\n"
     "Start N ranks of PROG on this host. Each gets SYMM_RANK, SYMM_WORLD_SIZE,\n"
     "SYMM_LOCAL_RANK, SYMM_JOB_ID (unique to this run) and SYMM_JOB_SECRET (32\n"
     "fresh random bytes), which symm_world_create_from_env() reads.\n"
     "\n"
-    "  -n N          number of ranks, 1..1024\n"
+    "  -n N          number of ranks (of this host with --hosts), 1..1024\n"
     "  --gpus LIST   comma-separated device ordinals: rank r gets SYMM_DEVICE set to\n"
     "                LIST[r %% len]; without it SYMM_DEVICE is unset, and a rank\n"
     "                uses the device of its local rank\n"
@@ -67,6 +74,23 @@ static const char usage_text[] =
     "                NCCL_HOSTID, SYMM_NCCL_SHARED_GPU=1, and NCCL_SOCKET_IFNAME=lo and\n"
     "                NCCL_IB_DISABLE=1 unless set, so that NCCL joins ranks that share\n"
     "                a GPU by its socket transport over loopback (correct, not fast)\n"
+    "  --sim-hosts H split the N ranks, host-major, into H simulated hosts of this\n"
+    "                machine (H divides N): a world across hosts, for tests. Rank r\n"
+    "                is on host h = r / (N/H) and gets SYMM_HOST_ID=sim<h>, an\n"
+    "                NCCL_HOSTID of its host (NCCL treats the hosts as separate\n"
+    "                nodes), a SYMM_SOCKET_DIR of its host (made and removed by\n"
+    "                symmrun), SYMM_LOCAL_RANK r %% (N/H), SYMM_LOCAL_SIZE N/H and\n"
+    "                SYMM_ROOT_ADDR=127.0.0.1:<a free port>; NCCL_SOCKET_IFNAME=lo and\n"
+    "                NCCL_IB_DISABLE=1 unless set (NCCL's network transport over\n"
+    "                loopback between the simulated hosts: correct, not fast)\n"
+    "  --hosts H --host-index I --root ADDR:PORT\n"
+    "                this host's part of a job on H hosts, started by one symmrun\n"
+    "                per host (I = 0..H-1; host 0 runs rank 0, which listens at\n"
+    "                ADDR:PORT). Rank r of this host is global rank I * N + r, of\n"
+    "                H * N, with SYMM_LOCAL_RANK r, SYMM_LOCAL_SIZE N and\n"
+    "                SYMM_ROOT_ADDR. SYMM_JOB_SECRET must be set, the same on every\n"
+    "                host (symmrun cannot make one up for the others); SYMM_JOB_ID\n"
+    "                defaults to \"symmrun-ADDR:PORT\"\n"
     "  -h, --help    show this text\n"
     "  --version     show the version\n"
     "\n"
@@ -91,6 +115,9 @@ typedef struct options {
     int ngpus;
     const char *timeout;
     int nccl_shared_gpu;
+    int sim_hosts;        /* 0: none */
+    int hosts, host_index; /* --hosts: 0: none */
+    const char *root;
     char **argv;
 } options;
 
@@ -114,8 +141,11 @@ typedef struct job {
     int started, live;
     int width;          /* digits of N-1 */
     pid_t self;
-    char job_id[64];
+    char job_id[320];
     char secret[65];
+    const char *secret_env; /* --hosts: SYMM_JOB_SECRET as given */
+    char sim_dir[256];      /* --sim-hosts: the per-host socket directories are sim_dir/h<h> */
+    char sim_root[64];      /* --sim-hosts: 127.0.0.1:<port> */
     int failed;         /* a rank failed (or a rank could not be started) */
     int exit_code;
     double kill_at;     /* when SIGKILL follows SIGTERM; 0: not armed */
@@ -129,6 +159,12 @@ typedef struct job {
     struct rlimit saved_nofile;
     int nofile_raised;
 } job;
+
+/* The job's world: -n ranks, or --hosts times as many. */
+static int world_size(const job *j) { return j->opt.hosts ? j->opt.hosts * j->opt.n : j->opt.n; }
+
+/* The global rank of this host's rank r. */
+static int global_rank(const job *j, int r) { return j->opt.hosts ? j->opt.host_index * j->opt.n + r : r; }
 
 static double now_s(void)
 {
@@ -213,6 +249,36 @@ static const char *option_value(int argc, char **argv, int *i, const char *name,
     return argv[++*i];
 }
 
+/* --sim-hosts, or --hosts with --host-index and --root, not both. */
+static void check_hosts(options *o)
+{
+    if (o->sim_hosts && (o->hosts || o->host_index || o->root))
+        usage_error("--sim-hosts simulates hosts on this machine: it does not go with --hosts, --host-index "
+                    "or --root");
+    if (o->sim_hosts && o->n % o->sim_hosts)
+        usage_error("--sim-hosts %d: expected a number of hosts that divides -n %d", o->sim_hosts, o->n);
+    if (!o->hosts && !o->host_index && !o->root)
+        return;
+    if (!o->hosts || !o->host_index || !o->root)
+        usage_error("--hosts, --host-index and --root go together: this host's index among how many, and "
+                    "rank 0's ADDR:PORT");
+    o->host_index--;
+    if (o->host_index >= o->hosts)
+        usage_error("--host-index %d: expected 0..%d (--hosts is %d)", o->host_index, o->hosts - 1, o->hosts);
+    if ((long)o->hosts * o->n > 4096)
+        usage_error("--hosts %d x -n %d: at most 4096 ranks in all", o->hosts, o->n);
+    const char *colon = strrchr(o->root, ':');
+    long port;
+    if (!colon || colon == o->root || !parse_nonneg(colon + 1, 65535, &port) || port < 1)
+        usage_error("--root: got \"%s\", expected ADDR:PORT of host 0 (for example node01:29600 or "
+                    "[fd00::1]:29600)", o->root);
+    const char *secret = getenv("SYMM_JOB_SECRET");
+    if (!secret || !*secret)
+        usage_error("--hosts needs SYMM_JOB_SECRET in the environment, the same on every host (for example "
+                    "export SYMM_JOB_SECRET=$(openssl rand -hex 32), passed to each host): symmrun cannot "
+                    "make up one that the other hosts know");
+}
+
 static void parse_args(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
@@ -244,6 +310,26 @@ static void parse_args(int argc, char **argv, options *o)
             parse_timeout(o->timeout);
         } else if (!strcmp(a, "--nccl-shared-gpu")) {
             o->nccl_shared_gpu = 1;
+        } else if (!strncmp(a, "--sim-hosts", 11) && (a[11] == '\0' || a[11] == '=')) {
+            const char *v = option_value(argc, argv, &i, "--sim-hosts", 11);
+            long h;
+            if (!parse_nonneg(v, MAX_RANKS, &h) || h < 1)
+                usage_error("--sim-hosts: got \"%s\", expected a positive integer up to %d", v, MAX_RANKS);
+            o->sim_hosts = (int)h;
+        } else if (!strncmp(a, "--hosts", 7) && (a[7] == '\0' || a[7] == '=')) {
+            const char *v = option_value(argc, argv, &i, "--hosts", 7);
+            long h;
+            if (!parse_nonneg(v, MAX_RANKS, &h) || h < 1)
+                usage_error("--hosts: got \"%s\", expected a positive integer up to %d", v, MAX_RANKS);
+            o->hosts = (int)h;
+        } else if (!strncmp(a, "--host-index", 12) && (a[12] == '\0' || a[12] == '=')) {
+            const char *v = option_value(argc, argv, &i, "--host-index", 12);
+            long h;
+            if (!parse_nonneg(v, MAX_RANKS, &h))
+                usage_error("--host-index: got \"%s\", expected an integer 0..(--hosts - 1)", v);
+            o->host_index = (int)h + 1; /* 0: not given */
+        } else if (!strncmp(a, "--root", 6) && (a[6] == '\0' || a[6] == '=')) {
+            o->root = option_value(argc, argv, &i, "--root", 6);
         } else if (a[0] == '-' && a[1] != '\0') {
             usage_error("unknown option \"%s\"", a);
         } else {
@@ -255,6 +341,7 @@ static void parse_args(int argc, char **argv, options *o)
     if (i >= argc)
         usage_error("missing PROG: what should the ranks run?");
     o->argv = argv + i;
+    check_hosts(o);
 }
 
 /* execvp's search, done once before starting anything: 0, 127 (not found)
@@ -339,7 +426,7 @@ static void write_all(job *j, int fd, struct iovec *iov, int n)
 static void write_line(job *j, int rank, int out, const char *p, size_t n)
 {
     char prefix[32];
-    int pl = snprintf(prefix, sizeof prefix, "[%*d] ", j->width, rank);
+    int pl = snprintf(prefix, sizeof prefix, "[%*d] ", j->width, global_rank(j, rank));
     struct iovec iov[3] = {{prefix, (size_t)pl}, {(void *)p, n}, {"\n", 1}};
     write_all(j, out, iov, 3);
 }
@@ -499,11 +586,31 @@ static void child_exec(job *j, int r, int out_fd, int err_fd)
     if (j->nofile_raised)
         setrlimit(RLIMIT_NOFILE, &j->saved_nofile);
     sigprocmask(SIG_SETMASK, &j->saved_mask, NULL);
-    setenv_int("SYMM_RANK", r);
-    setenv_int("SYMM_WORLD_SIZE", j->opt.n);
+    setenv_int("SYMM_RANK", global_rank(j, r));
+    setenv_int("SYMM_WORLD_SIZE", world_size(j));
     setenv_int("SYMM_LOCAL_RANK", r);
     setenv("SYMM_JOB_ID", j->job_id, 1);
-    setenv("SYMM_JOB_SECRET", j->secret, 1);
+    setenv("SYMM_JOB_SECRET", j->secret_env ? j->secret_env : j->secret, 1);
+    if (j->opt.hosts) {
+        setenv_int("SYMM_LOCAL_SIZE", j->opt.n);
+        setenv("SYMM_ROOT_ADDR", j->opt.root, 1);
+    }
+    if (j->opt.sim_hosts) {
+        const int per = j->opt.n / j->opt.sim_hosts, h = r / per;
+        char buf[320];
+        setenv_int("SYMM_LOCAL_RANK", r % per);
+        setenv_int("SYMM_LOCAL_SIZE", per);
+        setenv("SYMM_ROOT_ADDR", j->sim_root, 1);
+        snprintf(buf, sizeof buf, "sim%d", h);
+        setenv("SYMM_HOST_ID", buf, 1);
+        snprintf(buf, sizeof buf, "%s/h%d", j->sim_dir, h);
+        setenv("SYMM_SOCKET_DIR", buf, 1);
+        snprintf(buf, sizeof buf, "symmrun-%.200s-host-%d", j->job_id, h);
+        setenv("NCCL_HOSTID", buf, 1);
+        /* The hosts are one machine: NCCL's network transport over loopback. */
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+        setenv("NCCL_IB_DISABLE", "1", 0);
+    }
     if (j->opt.ngpus > 0)
         setenv_int("SYMM_DEVICE", j->opt.gpus[r % j->opt.ngpus]);
     else
@@ -515,7 +622,7 @@ static void child_exec(job *j, int r, int out_fd, int err_fd)
     setenv("NVSHMEM_DISABLE_NVLS", "1", 0);
     if (j->opt.nccl_shared_gpu) {
         char host[128];
-        snprintf(host, sizeof host, "symmrun-%s-rank-%d", j->job_id, r);
+        snprintf(host, sizeof host, "symmrun-%.80s-rank-%d", j->job_id, r);
         setenv("NCCL_HOSTID", host, 1);
         setenv("SYMM_NCCL_SHARED_GPU", "1", 1);
         setenv("NCCL_SOCKET_IFNAME", "lo", 0);
@@ -747,6 +854,65 @@ static void raise_nofile(job *j)
         j->nofile_raised = 1;
 }
 
+/* Remove path and what it holds (the simulated hosts' socket directories:
+ * a few levels of directories and sockets). */
+static void remove_tree(const char *path, int depth)
+{
+    DIR *d = depth < 4 ? opendir(path) : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char sub[PATH_MAX];
+        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+        struct stat st;
+        if (lstat(sub, &st) == 0 && S_ISDIR(st.st_mode))
+            remove_tree(sub, depth + 1);
+        else
+            unlink(sub);
+    }
+    if (d)
+        closedir(d);
+    rmdir(path);
+}
+
+/* --sim-hosts: a socket directory per host under a fresh 0700 directory,
+ * and a free port of 127.0.0.1 for the rendezvous. */
+static int sim_setup(job *j)
+{
+    const char *base = getenv("SYMM_SOCKET_DIR");
+    if (!base || base[0] != '/')
+        base = getenv("XDG_RUNTIME_DIR");
+    if (!base || base[0] != '/')
+        base = "/tmp";
+    snprintf(j->sim_dir, sizeof j->sim_dir, "%.200s/symmrun-sim-XXXXXX", base);
+    if (!mkdtemp(j->sim_dir)) {
+        fprintf(stderr, "symmrun: --sim-hosts: cannot make a directory in %s: %s\n", base, strerror(errno));
+        return -1;
+    }
+    for (int h = 0; h < j->opt.sim_hosts; h++) {
+        char sub[300];
+        snprintf(sub, sizeof sub, "%s/h%d", j->sim_dir, h);
+        if (mkdir(sub, 0700) != 0) {
+            fprintf(stderr, "symmrun: --sim-hosts: mkdir %s: %s\n", sub, strerror(errno));
+            remove_tree(j->sim_dir, 0);
+            return -1;
+        }
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr = {.s_addr = htonl(INADDR_LOOPBACK)}};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len)) {
+        fprintf(stderr, "symmrun: --sim-hosts: no free port on 127.0.0.1: %s\n", strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        remove_tree(j->sim_dir, 0);
+        return -1;
+    }
+    close(fd);
+    snprintf(j->sim_root, sizeof j->sim_root, "127.0.0.1:%d", ntohs(a.sin_port));
+    return 0;
+}
+
 /* The supervisor (see the top of the file): runs the job, returns its
  * exit status. front_fd reads EOF once the front is gone. */
 static int supervise(job *j, int front_fd)
@@ -771,6 +937,8 @@ static int supervise(job *j, int front_fd)
         fprintf(stderr, "symmrun: out of memory\n");
         return 1;
     }
+    if (j->opt.sim_hosts && sim_setup(j) != 0)
+        return 1;
     for (int r = 0; r < j->opt.n; r++)
         if (spawn(j, r) != 0) {
             fprintf(stderr, "symmrun: cannot start rank %d: %s\n", r, strerror(errno));
@@ -778,6 +946,8 @@ static int supervise(job *j, int front_fd)
             break;
         }
     event_loop(j, sfd);
+    if (j->opt.sim_hosts)
+        remove_tree(j->sim_dir, 0);
     return j->failed ? j->exit_code : 0;
 }
 
@@ -865,7 +1035,16 @@ int main(int argc, char **argv)
     random_hex(rnd, 8);
     snprintf(j.job_id, sizeof j.job_id, "symmrun-%ld-%s", (long)j.self, rnd);
     random_hex(j.secret, 32);
-    for (int n = j.opt.n - 1; n > 0; n /= 10)
+    if (j.opt.hosts) {
+        /* Every host's symmrun must name the same job and secret. */
+        const char *id = getenv("SYMM_JOB_ID");
+        if (id && *id)
+            snprintf(j.job_id, sizeof j.job_id, "%.255s", id);
+        else
+            snprintf(j.job_id, sizeof j.job_id, "symmrun-%.240s", j.opt.root);
+        j.secret_env = getenv("SYMM_JOB_SECRET");
+    }
+    for (int n = world_size(&j) - 1; n > 0; n /= 10)
         j.width++;
     if (j.width == 0)
         j.width = 1;

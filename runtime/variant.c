@@ -261,6 +261,8 @@ static void release(symm_variant *v)
         symm_variant_nccl_release(v);
     if (v->alloc)
         symm_alloc_destroy(v->alloc);
+    if (v->host_dev)
+        symm_device_close(v->host_dev);
     if (v->dev)
         symm_device_close(v->dev);
     void (*on_destroy)(void *) = v->on_destroy;
@@ -296,17 +298,32 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
 
     const symm_cuda_api *cu = NULL;
     symm_status st = pick_backend(opts, &v->backend);
+    const int across_hosts = symm_world_host_count(world) > 1;
+    /* Every rank knows its world's hosts: all refuse alike, nobody waits. */
+    if (st == SYMM_OK && across_hosts && v->backend == SYMM_BACKEND_NATIVE) {
+        char hosts[640];
+        symm_hosts_text(world, hosts, sizeof hosts);
+        st = symm_fail(SYMM_ERR_UNSUPPORTED, "backend native shares GPU memory over NVLink within one host, and "
+                       "the world spans %s: use backend nccl (SYMM_BACKEND=nccl, or SYMM_BACKEND_NCCL in the "
+                       "options; a hierarchical backend, NVLink within a host and NCCL between hosts, is coming)",
+                       hosts);
+    }
     if (st == SYMM_OK)
         st = symm_cuda(&cu);
     if (st == SYMM_OK)
         st = symm_device_open(world, &v->dev);
+    /* Across hosts the NCCL backend's symmetric buffer is shared within the
+     * host only: it is allocated on the host world, with its own device. */
+    if (st == SYMM_OK && across_hosts)
+        st = symm_device_open(symm_world_host_world(world), &v->host_dev);
     if (st == SYMM_OK)
         st = symm_agree(world,
                         symm_variant_check_gpu(desc->name, symm_device_cc_major(v->dev),
                                                symm_device_cc_minor(v->dev)),
                         "symm_variant_create: checking the GPU");
     if (st == SYMM_OK)
-        st = symm_alloc_create(world, v->dev, desc->symmetric_bytes, 0, &v->alloc);
+        st = symm_alloc_create(symm_world_host_world(world), across_hosts ? v->host_dev : v->dev,
+                               desc->symmetric_bytes, 0, &v->alloc);
     /* The local steps may fail on one rank only: every rank learns of it
      * (symm_agree) before anyone goes on, so all fail, and release, together. */
     if (st == SYMM_OK) {

@@ -54,7 +54,8 @@ struct symm_variant {
     int rank;
     int64_t timeout_ns;
     symm_device *dev;
-    symm_alloc *alloc;         /* the symmetric buffer (desc->symmetric_bytes) */
+    symm_device *host_dev;     /* on a world across hosts: dev's GPU on the host world (alloc's) */
+    symm_alloc *alloc;         /* the symmetric buffer (desc->symmetric_bytes), on the host world */
     CUdeviceptr scratch;       /* local scratch (desc->scratch_bytes) */
     CUmodule module;           /* part 2: combine */
     CUmodule module_dispatch;  /* part 1: dispatch */

@@ -1,5 +1,6 @@
 /* world.c: how the ranks of a job find each other (symm_world_create) and
- * part (symm_world_destroy).
+ * part (symm_world_destroy); the rendezvous of one host, and what a world
+ * knows of its hosts. Across hosts the rendezvous is world_tcp.c's.
  *
  * Rank 0 binds <socket_dir>/symm-<uid>/<job id>.sock and waits in one poll()
  * loop for the listening socket, the connections that have not yet said
@@ -534,10 +535,17 @@ static symm_status check_config(const symm_world_config *cfg)
     if (cfg->device < -1)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: device %d: expected a device ordinal "
                          ">= 0, or -1 for the local rank's", cfg->device);
+    if (cfg->local_size < 0 || cfg->local_size > cfg->size)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: local_size %d: expected 1..%d, or 0 "
+                         "(unknown)", cfg->local_size, cfg->size);
+    if (cfg->local_size > 0 && cfg->local_rank >= cfg->local_size)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: local_rank %d: expected 0..%d "
+                         "(local_size is %d)", cfg->local_rank, cfg->local_size - 1, cfg->local_size);
     return SYMM_OK;
 }
 
-symm_status symm_world_create(const symm_world_config *cfg, symm_world **out)
+/* local: the Unix-socket path whatever cfg and the environment say. */
+static symm_status create(const symm_world_config *cfg, int local, symm_world **out)
 {
     if (!cfg || !out)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_world_create: %s is NULL", cfg ? "out" : "cfg");
@@ -553,16 +561,25 @@ symm_status symm_world_create(const symm_world_config *cfg, symm_world **out)
         for (int r = 0; r < cfg->size; r++)
             conn[r] = -1;
         *w = (symm_world){.rank = cfg->rank, .size = cfg->size, .local_rank = cfg->local_rank,
-                          .device = cfg->device, .conn = conn};
+                          .device = cfg->device, .conn = conn, .hosts = 1, .local_size = cfg->size,
+                          .host_major = 1};
         conn = NULL;
-        st = symm_wenv_resolve(cfg, env);
+        st = symm_wenv_resolve_as(cfg, local, env);
     }
     if (st == SYMM_OK) {
         w->timeout_s = env->timeout_s;
-        if (w->size > 1)
-            st = symm_wenv_prepare_dir(env);
+        w->host_ids = calloc(1, sizeof *w->host_ids);
+        if (!w->host_ids)
+            st = symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
+        else
+            memcpy(w->host_ids[0], env->host_id, sizeof env->host_id);
     }
-    if (st == SYMM_OK && w->size > 1)
+    int tcp = st == SYMM_OK && env->root_host[0];
+    if (st == SYMM_OK && w->size > 1 && !tcp)
+        st = symm_wenv_prepare_dir(env);
+    if (st == SYMM_OK && tcp)
+        st = symm_world_tcp_rendezvous(w, cfg, env);
+    else if (st == SYMM_OK && w->size > 1)
         st = w->rank == 0 ? root_rendezvous(w, env) : peer_rendezvous(w, env);
     free(env);
     free(conn);
@@ -573,6 +590,10 @@ symm_status symm_world_create(const symm_world_config *cfg, symm_world **out)
     *out = w;
     return SYMM_OK;
 }
+
+symm_status symm_world_create(const symm_world_config *cfg, symm_world **out) { return create(cfg, 0, out); }
+
+symm_status symm_world_create_local(const symm_world_config *cfg, symm_world **out) { return create(cfg, 1, out); }
 
 symm_status symm_world_create_from_env(symm_world **out)
 {
@@ -588,6 +609,11 @@ symm_status symm_world_destroy(symm_world *w)
 {
     if (!w)
         return SYMM_OK;
+    /* The host world first: its failure is reported, but everything goes. */
+    symm_status host_st = symm_world_destroy(w->host_world);
+    char host_msg[SYMM_WORLD_MSG_MAX];
+    if (host_st != SYMM_OK)
+        snprintf(host_msg, sizeof host_msg, "%s", symm_last_error());
     int failed_rank = -1, failed_errno = 0;
     if (w->conn)
         for (int r = 0; r < w->size; r++)
@@ -597,10 +623,14 @@ symm_status symm_world_destroy(symm_world *w)
             }
     const int rank = w->rank;
     free(w->conn);
+    free(w->rank_host);
+    free(w->host_ids);
     free(w);
     if (failed_rank >= 0)
         return symm_fail(SYMM_ERR_SYSTEM, "symm_world_destroy: rank %d: closing the connection to rank %d: %s "
                          "(everything is freed)", rank, failed_rank, strerror(failed_errno));
+    if (host_st != SYMM_OK)
+        return symm_fail(host_st, "%s", host_msg);
     return SYMM_OK;
 }
 
@@ -609,3 +639,74 @@ int symm_world_size(const symm_world *w) { return w ? w->size : 0; }
 int symm_world_local_rank(const symm_world *w) { return w ? w->local_rank : -1; }
 int symm_world_device(const symm_world *w) { return !w ? -1 : w->device >= 0 ? w->device : w->local_rank; }
 double symm_world_timeout(const symm_world *w) { return w ? w->timeout_s : 0; }
+
+/* --- hosts ----------------------------------------------------------------- */
+
+int symm_world_host(const symm_world *w) { return w ? w->host : -1; }
+int symm_world_host_count(const symm_world *w) { return w ? w->hosts : 0; }
+int symm_world_local_size(const symm_world *w) { return w ? w->local_size : 0; }
+int symm_world_host_major(const symm_world *w) { return w ? w->host_major : 0; }
+
+int symm_world_rank_host(const symm_world *w, int rank)
+{
+    if (!w || rank < 0 || rank >= w->size)
+        return -1;
+    return w->rank_host ? w->rank_host[rank] : 0;
+}
+
+const char *symm_world_host_name(const symm_world *w, int host)
+{
+    return w && w->host_ids && host >= 0 && host < w->hosts ? w->host_ids[host] : NULL;
+}
+
+symm_world *symm_world_host_world(symm_world *w)
+{
+    return !w ? NULL : w->host_world ? w->host_world : w;
+}
+
+void symm_world_host_label(const char *id, char *buf, size_t n)
+{
+    const char *boot = strstr(id, " (boot ");
+    snprintf(buf, n, "%.*s", boot ? (int)(boot - id) : (int)strlen(id), id);
+}
+
+const char *symm_world_who(const symm_world *w, int rank, char *buf, size_t n)
+{
+    int h = symm_world_rank_host(w, rank);
+    char label[SYMM_WORLD_HOST_ID_MAX];
+    if (w->hosts > 1 && h >= 0) {
+        symm_world_host_label(w->host_ids[h], label, sizeof label);
+        snprintf(buf, n, "rank %d (host %s)", rank, label);
+    } else {
+        snprintf(buf, n, "rank %d", rank);
+    }
+    return buf;
+}
+
+void symm_world_missing_hosts(const symm_world *w, const unsigned char *present, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    if (w->hosts <= 1 || !w->rank_host)
+        return;
+    unsigned char *listed = calloc((size_t)w->hosts, 1);
+    if (!listed)
+        return;
+    size_t used = 0;
+    int count = 0;
+    for (int r = 0; r < w->size; r++)
+        if (!present[r] && !listed[w->rank_host[r]]) {
+            listed[w->rank_host[r]] = 1;
+            count++;
+        }
+    for (int h = 0; h < w->hosts && used < n; h++) {
+        if (!listed[h])
+            continue;
+        char label[SYMM_WORLD_HOST_ID_MAX];
+        symm_world_host_label(w->host_ids[h], label, sizeof label);
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", used ? ", " : count > 1 ? " (hosts " : " (host ",
+                                 label);
+    }
+    if (used > 0 && used < n)
+        snprintf(buf + used, n - used, ")");
+    free(listed);
+}

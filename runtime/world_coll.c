@@ -1,5 +1,6 @@
 /* world_coll.c: the host-side collectives of a world, as a star through
- * rank 0 (one host, at most a few thousand ranks).
+ * rank 0 (at most a few thousand ranks), over Unix sockets on one host and
+ * over TCP across hosts, with the same frames.
  *
  * Every collective is one round: each rank sends rank 0 a CONTRIB frame that
  * says which collective it is calling (kind, call number, byte count, root)
@@ -73,28 +74,30 @@ static uint64_t result_len(const symm_world *w, const coll *c, int r)
  * from it (else writing to it). */
 static symm_status io_fail(const symm_world *w, const coll *c, int peer, bool receiving, symm_wio io)
 {
+    char who[SYMM_WORLD_HOST_ID_MAX + 32];
+    symm_world_who(w, peer, who, sizeof who);
     switch (io) {
     case SYMM_WIO_EOF:
-        return symm_fail(SYMM_ERR_PEER, "rank %d disconnected during %s (collective call %llu)", peer, c->name,
+        return symm_fail(SYMM_ERR_PEER, "%s disconnected during %s (collective call %llu)", who, c->name,
                          (unsigned long long)c->seq);
     case SYMM_WIO_TIMEOUT:
-        return symm_fail(SYMM_ERR_TIMEOUT, "%s: rank %d did not %s within %g s (collective call %llu)", c->name,
-                         peer,
+        return symm_fail(SYMM_ERR_TIMEOUT, "%s: %s did not %s within %g s (collective call %llu)", c->name,
+                         who,
                          receiving ? (peer == 0 ? "answer" : "send all of its data")
                                    : (peer == 0 ? "take this rank's data" : "take its data"),
                          w->timeout_s, (unsigned long long)c->seq);
     case SYMM_WIO_BADFD:
-        return symm_fail(SYMM_ERR_PEER, "%s: rank %d sent descriptors that were missing, unexpected or "
-                         "truncated (collective call %llu)", c->name, peer, (unsigned long long)c->seq);
+        return symm_fail(SYMM_ERR_PEER, "%s: %s sent descriptors that were missing, unexpected or "
+                         "truncated (collective call %llu)", c->name, who, (unsigned long long)c->seq);
     case SYMM_WIO_NOFD: {
         struct rlimit lim;
         const unsigned long long cap = getrlimit(RLIMIT_NOFILE, &lim) == 0 ? (unsigned long long)lim.rlim_cur : 0;
-        return symm_fail(SYMM_ERR_SYSTEM, "%s: a descriptor from rank %d could not be received: this process "
+        return symm_fail(SYMM_ERR_SYSTEM, "%s: a descriptor from %s could not be received: this process "
                          "is probably out of file descriptors (RLIMIT_NOFILE %llu; raise it with ulimit -n) "
-                         "(collective call %llu)", c->name, peer, cap, (unsigned long long)c->seq);
+                         "(collective call %llu)", c->name, who, cap, (unsigned long long)c->seq);
     }
     default:
-        return symm_fail(SYMM_ERR_SYSTEM, "%s: talking to rank %d: %s (collective call %llu)", c->name, peer,
+        return symm_fail(SYMM_ERR_SYSTEM, "%s: talking to %s: %s (collective call %llu)", c->name, who,
                          strerror(errno), (unsigned long long)c->seq);
     }
 }
@@ -110,7 +113,8 @@ static symm_status take_error(const symm_world *w, const coll *c, int peer, cons
         return io_fail(w, c, peer, true, io);
     if (peer == 0)
         return symm_fail(st, "%s", msg);
-    return symm_fail(st, "%s: rank %d failed: %s", c->name, peer, msg);
+    char who[SYMM_WORLD_HOST_ID_MAX + 32];
+    return symm_fail(st, "%s: %s failed: %s", c->name, symm_world_who(w, peer, who, sizeof who), msg);
 }
 
 symm_status symm_world_break(symm_world *w, symm_status st)
@@ -200,10 +204,11 @@ static symm_status root_gather(symm_world *w, coll *c)
         if (ready < 0 && errno != EINTR) {
             st = symm_fail(SYMM_ERR_SYSTEM, "%s: poll: %s", c->name, strerror(errno));
         } else if (ready == 0 && ms == 0) {
-            char list[256];
+            char list[256], hosts[512];
             symm_world_missing_ranks(arrived, w->size, list, sizeof list);
-            st = symm_fail(SYMM_ERR_TIMEOUT, "%s: %s did not arrive within %g s (collective call %llu)", c->name,
-                           list, w->timeout_s, (unsigned long long)c->seq);
+            symm_world_missing_hosts(w, arrived, hosts, sizeof hosts);
+            st = symm_fail(SYMM_ERR_TIMEOUT, "%s: %s%s did not arrive within %g s (collective call %llu)", c->name,
+                           list, hosts, w->timeout_s, (unsigned long long)c->seq);
         }
         for (int i = 0; st == SYMM_OK && ready > 0 && i < k; i++) {
             if (!pfd[i].revents)
@@ -311,6 +316,23 @@ static symm_status run(symm_world *w, coll *c)
     return st == SYMM_OK ? SYMM_OK : symm_world_break(w, st);
 }
 
+/* "sim0, sim1" or "sim0, sim1, ... (12 in all)". */
+static const char *host_list(const symm_world *w, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int h = 0; h < w->hosts && used < n; h++) {
+        char label[SYMM_WORLD_HOST_ID_MAX];
+        symm_world_host_label(w->host_ids[h], label, sizeof label);
+        if (h == 8) {
+            snprintf(buf + used, n - used, ", ... (%d in all)", w->hosts);
+            break;
+        }
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", h ? ", " : "", label);
+    }
+    return buf;
+}
+
 /* A bad argument on one rank fails the collective on every rank: the others
  * would otherwise wait for this rank until the timeout. */
 static symm_status bad_arg(symm_world *w, const char *call, const char *what)
@@ -362,11 +384,16 @@ symm_status symm_world_barrier(symm_world *w)
 symm_status symm_world_allgather_fd(symm_world *w, int fd, int *fds_out)
 {
     static const char call[] = "symm_world_allgather_fd";
-    char what[96];
+    char what[640];
     if (!w || !fds_out)
         return bad_arg(w, call, "fds_out is NULL");
     for (int r = 0; r < w->size; r++)
         fds_out[r] = -1;
+    /* Every rank knows its world's hosts: all refuse alike, nobody waits. */
+    if (w->hosts > 1)
+        return symm_fail(SYMM_ERR_UNSUPPORTED, "%s: the world spans %d hosts (%s): descriptors cannot cross "
+                         "hosts, and GPU memory is shared within a host: use symm_world_host_world", call,
+                         w->hosts, host_list(w, what, sizeof what));
     int own = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (own < 0) {
         if (fd < 0 || errno == EBADF)

@@ -1,12 +1,16 @@
-/* world_internal.h: what the world's sources share (world.c: rendezvous and
- * lifetime, world_coll.c: collectives, world_env.c: configuration and the
- * socket directory, world_io.c: bounded socket I/O). Not installed.
+/* world_internal.h: what the world's sources share (world.c: the Unix-socket
+ * rendezvous of one host and lifetime, world_tcp.c: the TCP rendezvous of a
+ * world across hosts, world_coll.c: collectives, world_env.c: configuration
+ * and the socket directory, world_io.c: bounded socket I/O). Not installed.
  *
- * The wire protocol (one host, native byte order): a connecting rank sends a
- * hello; rank 0 answers WELCOME once every rank has joined, REFUSE to a
+ * The wire protocol of one host (native byte order): a connecting rank sends
+ * a hello; rank 0 answers WELCOME once every rank has joined, REFUSE to a
  * connection it will not take, or ERROR when create fails. Every later message
  * is a frame header followed by len payload bytes; a descriptor travels as
- * SCM_RIGHTS on a payload of exactly one byte. */
+ * SCM_RIGHTS on a payload of exactly one byte. Across hosts (docs/protocol.md)
+ * the connection is TCP and the hello a challenge and response (HMAC-SHA256
+ * of both sides' nonces, keyed by the job secret); after WELCOME, which then
+ * carries the host table, the frames are the same. */
 #ifndef SYMM_WORLD_INTERNAL_H
 #define SYMM_WORLD_INTERNAL_H
 
@@ -28,6 +32,10 @@
 #define SYMM_WORLD_PROTOCOL 1
 #define SYMM_WORLD_MAGIC 0x444c524f574d4d53ull /* "SMMWORLD" */
 #define SYMM_WORLD_MSG_MAX 1024
+#define SYMM_WORLD_HOST_ID_MAX 128 /* bytes of a host id, NUL included */
+#define SYMM_WORLD_ADDR_MAX 256    /* bytes of a root address, NUL included */
+#define SYMM_WORLD_TCP_PROTOCOL 1
+#define SYMM_WORLD_TCP_MAGIC 0x31504354574d4d53ull /* "SMMWTCP1" */
 
 struct symm_world {
     int rank, size, local_rank, device;
@@ -37,6 +45,12 @@ struct symm_world {
                            * other ranks: conn[0] is the socket to rank 0 */
     symm_status failed;   /* sticky: the first failure of a collective */
     char failed_msg[SYMM_WORLD_MSG_MAX];
+    /* Hosts, numbered in the order of their lowest rank. */
+    int host, hosts, local_size;
+    int host_major;
+    int *rank_host;       /* host index of every rank; NULL on a world of one host */
+    char (*host_ids)[SYMM_WORLD_HOST_ID_MAX]; /* hosts entries */
+    symm_world *host_world; /* the world of this rank's host; NULL: this world itself */
 };
 
 typedef struct symm_world_hello {
@@ -54,6 +68,7 @@ enum symm_world_frame_type {
     SYMM_FRAME_ERROR,       /* arg: status; payload: the message */
     SYMM_FRAME_CONTRIB,     /* a rank's part of a collective, to rank 0 */
     SYMM_FRAME_RESULT,      /* rank 0's answer to a collective */
+    SYMM_FRAME_PROOF,       /* across hosts: rank 0's MAC (payload, 32 bytes) */
 };
 
 enum symm_world_refusal {
@@ -73,6 +88,22 @@ typedef struct symm_world_frame {
     uint64_t len;   /* payload bytes that follow */
 } symm_world_frame;
 
+/* Across hosts: what a connecting rank says first, and rank 0's answer. */
+typedef struct symm_tcp_hello {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t reserved;
+    uint8_t nonce[32];
+} symm_tcp_hello;
+
+/* Then the connecting rank's claim, proven by mac = HMAC(key, "client",
+ * job id, both nonces, the fields before mac). */
+typedef struct symm_tcp_proof {
+    int32_t rank, size, local_rank, local_size;
+    char host_id[SYMM_WORLD_HOST_ID_MAX];
+    uint8_t mac[32];
+} symm_tcp_proof;
+
 /* --- world_env.c ------------------------------------------------------ */
 
 /* What create needs, resolved from a config and the environment. */
@@ -80,9 +111,30 @@ typedef struct symm_wenv {
     double timeout_s;
     char job_id[SYMM_WORLD_JOB_ID_MAX];
     uint8_t digest[32];
+    uint8_t key[32];                /* across hosts: sha256 of the secret, the HMAC key */
     char dir[SYMM_WORLD_PATH_MAX];  /* <socket_dir>/symm-<uid> */
     char path[SYMM_WORLD_PATH_MAX]; /* dir/<job id or its hash>.sock */
+    char host_id[SYMM_WORLD_HOST_ID_MAX];
+    /* Across hosts: rank 0's address ("" on one host), where it came from. */
+    char root_host[SYMM_WORLD_ADDR_MAX];
+    int root_port;
+    const char *root_var;
 } symm_wenv;
+
+/* local: the world of one host whatever the configuration says (a host
+ * world of a world across hosts). */
+SYMM_HIDDEN symm_status symm_wenv_resolve_as(const symm_world_config *cfg, int local, symm_wenv *env);
+
+/* This machine's host id: hostname and boot id ("gpu01 (boot 1f0e...)"). */
+SYMM_HIDDEN void symm_wenv_machine_id(char *buf, size_t n);
+
+/* "host:port" or "[v6]:port" into host and port; 0 when malformed. */
+SYMM_HIDDEN int symm_wenv_split_addr(const char *addr, char *host, size_t n, int *port);
+
+/* The index-th host (from 0) of a Slurm hostlist ("gpu[01-04,07],login1")
+ * into buf; returns how many hosts the list names, -1 when it is malformed
+ * or a name does not fit in n bytes. */
+SYMM_HIDDEN long symm_wenv_hostlist(const char *list, long index, char *buf, size_t n);
 
 /* Fill env from cfg (rank, size and so on are checked by the caller); NULL
  * fields of cfg come from the environment. Errors name "symm_world_create". */
@@ -152,6 +204,28 @@ SYMM_HIDDEN void symm_world_missing_ranks(const unsigned char *present, int size
 /* How long a rank waits, beyond the timeout, for rank 0's verdict: rank 0
  * times out at about the same moment and then says who was missing. */
 SYMM_HIDDEN double symm_world_grace(double timeout_s);
+
+/* "rank 3", or on a world of several hosts "rank 3 (host sim1)". */
+SYMM_HIDDEN const char *symm_world_who(const symm_world *w, int rank, char *buf, size_t n);
+
+/* "" on one host, else " (host sim1)" or " (hosts sim0, sim1)": the hosts
+ * of the ranks whose present[] is 0. */
+SYMM_HIDDEN void symm_world_missing_hosts(const symm_world *w, const unsigned char *present, char *buf,
+                                          size_t n);
+
+/* The display form of a host id: up to " (boot " of a machine's id. */
+SYMM_HIDDEN void symm_world_host_label(const char *id, char *buf, size_t n);
+
+/* Create a world of one host (the Unix-socket path) from cfg, ignoring any
+ * root address. */
+SYMM_HIDDEN symm_status symm_world_create_local(const symm_world_config *cfg, symm_world **out);
+
+/* --- world_tcp.c ------------------------------------------------------ */
+
+/* The rendezvous across hosts: rank 0 listens at env's port, the others
+ * connect; on success w knows its hosts and has its host world. */
+SYMM_HIDDEN symm_status symm_world_tcp_rendezvous(symm_world *w, const symm_world_config *cfg,
+                                                  const symm_wenv *env);
 
 /* --- world_coll.c ----------------------------------------------------- */
 

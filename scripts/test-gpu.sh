@@ -175,6 +175,29 @@ for spec in $specs; do
         fi
     done
 done
+# A world across hosts: 2 simulated hosts of this machine (symmrun
+# --sim-hosts: TCP rendezvous, a host world each, NCCL between the hosts over
+# loopback). The NCCL backend must give the same results, bit for bit; the
+# native one must refuse, naming the hosts.
+if [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
+    out=$build/gpu-out/default
+    for w in 2 4; do
+        grep -q "\"world\": $w," "$out/manifest.json" || continue
+        shared=()
+        [ "$w" -gt "$ngpu" ] && shared=(--nccl-shared-gpu)
+        note "default: world $w on 2 simulated hosts, nccl backend ${shared[*]}"
+        $run -n "$w" --gpus "$gpus" --sim-hosts 2 "${shared[@]}" -- "$build/tests-gpu/check" \
+            --manifest "$out/manifest.json" --backend nccl --quick
+        record $? "check default world $w nccl, 2 simulated hosts ${shared[*]}"
+    done
+    note "default: world 2 on 2 simulated hosts, native backend must refuse"
+    refusal=$($run -n 2 --gpus "$gpus" --sim-hosts 2 -- "$build/tests-gpu/check" --manifest "$out/manifest.json" \
+        --backend native --quick 2>&1)
+    rc=$?
+    echo "$refusal" | tail -3
+    [ "$rc" -ne 0 ] && echo "$refusal" | grep -q "the world spans 2 hosts (sim0, sim1): use backend nccl"
+    record $? "check default world 2 native refused on 2 simulated hosts"
+fi
 # The tuning knobs (docs/api.md "Tuning") at the ends of their ranges: the same
 # results, bit for bit, on the default spec at world 2 (quick matrix).
 if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then

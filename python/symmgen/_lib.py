@@ -78,7 +78,8 @@ class WorldConfig(ctypes.Structure):
     """symm_world_config (symm_world.h)."""
     _fields_ = [("rank", c_int), ("size", c_int), ("local_rank", c_int), ("device", c_int),
                 ("job_id", c_char_p), ("secret", c_char_p), ("socket_dir", c_char_p),
-                ("timeout_s", c_double)]
+                ("timeout_s", c_double), ("root_addr", c_char_p), ("host_id", c_char_p),
+                ("local_size", c_int)]
 
 
 class VariantOptions(ctypes.Structure):
@@ -149,6 +150,15 @@ _FUNCTIONS = {
     "symm_world_rank": (c_int, [c_void_p]),
     "symm_world_size": (c_int, [c_void_p]),
     "symm_world_device": (c_int, [c_void_p]),
+    "symm_world_local_rank": (c_int, [c_void_p]),
+    "symm_world_host": (c_int, [c_void_p]),
+    "symm_world_host_count": (c_int, [c_void_p]),
+    "symm_world_local_size": (c_int, [c_void_p]),
+    "symm_world_rank_host": (c_int, [c_void_p, c_int]),
+    "symm_world_host_name": (c_char_p, [c_void_p, c_int]),
+    "symm_world_host_major": (c_int, [c_void_p]),
+    "symm_world_host_world": (c_void_p, [c_void_p]),
+    "symm_world_allgather": (c_int, [c_void_p, c_void_p, c_void_p, ctypes.c_size_t]),
     "symm_variant_open": (c_int, [c_void_p, c_char_p, c_char_p, _P(VariantOptions), _P(c_void_p)]),
     "symm_variant_destroy": (c_int, [c_void_p]),
     "symm_variant_backend": (c_int, [c_void_p]),

@@ -5,17 +5,20 @@ job id and secret and broadcasts them through the group, then every rank
 joins a symm_world (symm_world.h) with the group's rank and size and
 torch's current CUDA device. Everything after that (the symmetric heap, the
 kernels' signals) is libsymm's own; the group is used again only for the
-gradients of the top-k weights (all_to_all_single, see ops.py). The ranks
-of a world share one host: a group across hosts is refused, naming them."""
+gradients of the top-k weights (all_to_all_single, see ops.py).
+
+A group across hosts makes a world across hosts: every rank says its host
+(SYMM_HOST_ID, else the hostname; hosts.py), rank 0 adds the root address of
+the TCP rendezvous (MASTER_ADDR, else its hostname, and a free port), and
+each rank joins with its local rank and local size among its host's ranks."""
 
 import ctypes
 import secrets
-import socket
 
 import torch
 import torch.distributed as dist
 
-from . import _lib
+from . import _lib, hosts
 
 
 def _device_index(device):
@@ -50,27 +53,31 @@ class World:
         self.device = torch.device("cuda", index)
         self.timeout = timeout
         self._handle = None
-        job_id, secret = self._agree()
-        cfg = _lib.WorldConfig(rank=self.rank, size=self.size, local_rank=self.rank, device=index,
+        job_id, secret, root, host, (local_rank, local_size) = self._agree()
+        cfg = _lib.WorldConfig(rank=self.rank, size=self.size, local_rank=local_rank, device=index,
                                job_id=job_id.encode(), secret=secret.encode(), socket_dir=None,
-                               timeout_s=float(timeout or 0))
+                               timeout_s=float(timeout or 0), root_addr=root.encode() if root else None,
+                               host_id=host.encode(), local_size=local_size)
         handle = ctypes.c_void_p()
         _lib.check(_lib.lib().symm_world_create(ctypes.byref(cfg), ctypes.byref(handle)))
         self._handle = handle
 
     def _agree(self):
-        """Rank 0's fresh job id and secret, and every rank's host, through
-        the group (a world serves one host)."""
-        mine = [socket.gethostname(),
-                f"torch-{secrets.token_hex(8)}" if self.rank == 0 else None,
-                secrets.token_hex(32) if self.rank == 0 else None]
+        """Rank 0's fresh job id and secret (and, across hosts, its root
+        address), every rank's host, through the group: (job id, secret,
+        root address or None, this rank's host id, (local rank, local size))."""
+        me = hosts.host_id()
+        if self.rank == 0:
+            root = hosts.root_address(hosts.free_port())
+            mine = [me, f"torch-{secrets.token_hex(8)}", secrets.token_hex(32), root]
+        else:
+            mine = [me, None, None, None]
         everyone = [None] * self.size
         dist.all_gather_object(everyone, mine, group=self.group)
-        hosts = sorted({e[0] for e in everyone})
-        if len(hosts) > 1:
-            raise ValueError(f"symmgen.World: the group spans hosts {', '.join(hosts)}: a world's ranks "
-                             f"share one host (use a group of one host's ranks)")
-        return everyone[0][1], everyone[0][2]
+        ids = [e[0] for e in everyone]
+        layout = hosts.local_layout(ids)
+        root = everyone[0][3] if len(set(ids)) > 1 else None
+        return everyone[0][1], everyone[0][2], root, me, layout[self.rank]
 
     @property
     def handle(self):
@@ -85,6 +92,16 @@ class World:
         if self._handle is not None:
             _lib.lib().symm_world_destroy(self._handle)
             self._handle = None
+
+    @property
+    def host_count(self):
+        """How many hosts the world spans."""
+        return _lib.lib().symm_world_host_count(self.handle)
+
+    @property
+    def host(self):
+        """This rank's host index (hosts numbered in the order of their lowest rank)."""
+        return _lib.lib().symm_world_host(self.handle)
 
     def __repr__(self):
         return f"World(rank {self.rank} of {self.size}, {self.device})"

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "symm_world.h"
@@ -361,88 +362,199 @@ Test(env, master_addr_and_port_name_a_job_without_run_id)
     check(&c, r, s, l, job);
 }
 
-static void from_env_unsupported(const char *needle1, const char *needle2)
+/* torchrun across nodes (LOCAL_WORLD_SIZE below WORLD_SIZE): rank 0 is at
+ * MASTER_ADDR, the rendezvous one port above torch's store, or at
+ * SYMM_ROOT_PORT; the local size goes into the config. */
+Test(env, torchrun_on_several_hosts_meets_at_master_addr_next_port)
 {
-    symm_world_config cfg = {0};
-    symm_status st = symm_world_config_from_env(&cfg);
-    cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "expected SYMM_ERR_UNSUPPORTED, got %s: %s", symm_status_name(st),
-                 symm_last_error());
-    const char *m = symm_last_error();
-    cr_assert(strstr(m, needle1), "message \"%s\" lacks \"%s\"", m, needle1);
-    if (needle2)
-        cr_assert(strstr(m, needle2), "message \"%s\" lacks \"%s\"", m, needle2);
+    setenv("SYMM_JOB_ID", "j", 1);
+    const long local = 2 + rnd(7), hosts = 2 + rnd(3), size = local * hosts;
+    set_int("RANK", rnd((uint32_t)size));
+    set_int("WORLD_SIZE", size);
+    set_int("LOCAL_RANK", rnd((uint32_t)local));
+    set_int("LOCAL_WORLD_SIZE", local);
+    setenv("MASTER_ADDR", "node01", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    symm_world_config c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "node01:29501");
+    cr_assert_eq(c.local_size, local);
+    cr_assert_null(c.host_id);
+    setenv("SYMM_ROOT_PORT", "31000", 1);
+    c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "node01:31000");
+    setenv("MASTER_ADDR", "fd00::1", 1);
+    c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "[fd00::1]:31000");
+    setenv("SYMM_ROOT_PORT", "0", 1);
+    from_env_fails("SYMM_ROOT_PORT: got \"0\"", "expected a TCP port 1..65535");
+    unsetenv("SYMM_ROOT_PORT");
+    setenv("MASTER_PORT", "65535", 1);
+    from_env_fails("MASTER_PORT: got \"65535\"", "or set SYMM_ROOT_PORT");
+    unsetenv("MASTER_ADDR");
+    char want[160];
+    snprintf(want, sizeof want, "the job spans %ld hosts (WORLD_SIZE is %ld, LOCAL_WORLD_SIZE %ld), and "
+             "MASTER_ADDR is not set", hosts, size, local);
+    from_env_fails(want, "SYMM_ROOT_ADDR");
+    /* Uneven: only a lower bound is known. */
+    setenv("MASTER_ADDR", "node01", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    set_int("WORLD_SIZE", size + 1);
+    unsetenv("MASTER_ADDR");
+    snprintf(want, sizeof want, "the job spans at least %ld hosts", hosts + 1);
+    from_env_fails(want, NULL);
+    /* Every rank on this host: one host, no root address. */
+    setenv("MASTER_ADDR", "node01", 1);
+    set_int("LOCAL_WORLD_SIZE", size + 1);
+    c = from_env_ok();
+    cr_assert_null(c.root_addr);
+    cr_assert_eq(c.local_size, size + 1);
+    set_int("LOCAL_WORLD_SIZE", size + 2);
+    from_env_fails("LOCAL_WORLD_SIZE", "expected 1..");
+    setenv("LOCAL_WORLD_SIZE", "0", 1);
+    from_env_fails("LOCAL_WORLD_SIZE", "expected 1..");
+    set_int("LOCAL_WORLD_SIZE", local);
+    set_int("LOCAL_RANK", local);
+    from_env_fails("LOCAL_RANK: got", "expected a local rank 0..");
 }
 
-/* A job whose launcher says it has fewer ranks on this host than in all
- * fails at once, naming the hosts, instead of waiting SYMM_TIMEOUT. */
-Test(env, a_job_on_several_hosts_fails_at_once_naming_them)
+/* SYMM_ROOT_ADDR always wins, also over a launcher's own; SYMM_HOST_ID is
+ * the host id. */
+Test(env, symm_root_addr_wins_and_symm_host_id_is_read)
 {
-    static const char *vars[][4] = {
-        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    };
-    for (int k = 0; k < 2; k++) {
-        clearenv();
-        setenv("SYMM_JOB_ID", "j", 1);
-        const long local = 2 + rnd(7), hosts = 2 + rnd(3), size = local * hosts;
-        set_int(vars[k][0], rnd((uint32_t)size));
-        set_int(vars[k][1], size);
-        set_int(vars[k][2], rnd((uint32_t)local));
-        set_int(vars[k][3], local);
-        char want[160];
-        snprintf(want, sizeof want, "the job spans %ld hosts (%s is %ld, %s %ld)", hosts, vars[k][1], size,
-                 vars[k][3], local);
-        from_env_unsupported(want, "a world holds the ranks of one host");
-        /* Uneven: only a lower bound is known. */
-        set_int(vars[k][1], size + 1);
-        snprintf(want, sizeof want, "the job spans at least %ld hosts", hosts + 1);
-        from_env_unsupported(want, NULL);
-        /* Every rank on this host. */
-        set_int(vars[k][3], size + 1);
-        from_env_ok();
-        set_int(vars[k][3], size + 2);
-        from_env_fails(vars[k][3], "expected 1..");
-        setenv(vars[k][3], "0", 1);
-        from_env_fails(vars[k][3], "expected 1..");
-    }
+    setenv("SYMM_JOB_ID", "j", 1);
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "node01", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    setenv("SYMM_ROOT_ADDR", "10.1.2.3:4567", 1);
+    setenv("SYMM_HOST_ID", "rack7-node3", 1);
+    symm_world_config c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "10.1.2.3:4567");
+    cr_assert_str_eq(c.host_id, "rack7-node3");
+    setenv("SYMM_ROOT_ADDR", "", 1);
+    from_env_fails("SYMM_ROOT_ADDR is empty", NULL);
+    /* symmrun's own variables say the same. */
+    clearenv();
+    setenv("SYMM_JOB_ID", "j", 1);
+    setenv("SYMM_RANK", "3", 1);
+    setenv("SYMM_WORLD_SIZE", "4", 1);
+    setenv("SYMM_LOCAL_RANK", "1", 1);
+    setenv("SYMM_LOCAL_SIZE", "2", 1);
+    setenv("SYMM_ROOT_ADDR", "127.0.0.1:4567", 1);
+    c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "127.0.0.1:4567");
+    cr_assert_eq(c.local_size, 2);
+    cr_assert_eq(c.local_rank, 1);
 }
 
-Test(env, a_slurm_step_on_several_nodes_fails_at_once_naming_them)
+/* Open MPI names no rendezvous: across nodes SYMM_ROOT_ADDR is required. */
+Test(env, open_mpi_on_several_hosts_needs_symm_root_addr)
+{
+    setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+    setenv("PMIX_NAMESPACE", "ns", 1);
+    from_env_fails("the job spans 2 hosts (OMPI_COMM_WORLD_SIZE is 8, OMPI_COMM_WORLD_LOCAL_SIZE 4)",
+                   "set SYMM_ROOT_ADDR=host:port");
+    setenv("SYMM_ROOT_ADDR", "node01:29600", 1);
+    symm_world_config c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "node01:29600");
+    cr_assert_eq(c.local_size, 4);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
+    unsetenv("SYMM_ROOT_ADDR");
+    c = from_env_ok();
+    cr_assert_null(c.root_addr);
+}
+
+/* Slurm across nodes: the first host of the step's node list (else the
+ * job's), a port derived from the job and step ids unless SYMM_ROOT_PORT. */
+Test(env, slurm_on_several_nodes_meets_at_the_first_node)
 {
     int r, s, l;
     set_ranks("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", &r, &s, &l);
     setenv("SLURM_JOB_ID", "77", 1);
+    setenv("SLURM_STEP_ID", "3", 1);
     const long nodes = 2 + rnd(30);
     set_int("SLURM_NNODES", nodes);
-    char want[128];
-    snprintf(want, sizeof want, "the job spans %ld hosts (SLURM_NNODES is %ld)", nodes, nodes);
-    from_env_unsupported(want, NULL);
-    /* A step on one node of a larger allocation. */
+    setenv("SLURM_JOB_NODELIST", "gpu[01-04,07],login1", 1);
+    symm_world_config c = from_env_ok();
+    char want[64];
+    snprintf(want, sizeof want, "gpu01:%d", 20000 + (77 * 97 + 3) % 12000);
+    cr_assert_str_eq(c.root_addr, want);
+    cr_assert_str_eq(c.job_id, "77.3");
+    setenv("SLURM_STEP_NODELIST", "rack[2-3]-n[08-09]", 1);
+    setenv("SYMM_ROOT_PORT", "29999", 1);
+    c = from_env_ok();
+    cr_assert_str_eq(c.root_addr, "rack2-n08:29999");
+    /* A step on one node of a larger allocation: one host. */
     setenv("SLURM_STEP_NUM_NODES", "1", 1);
-    from_env_ok();
+    c = from_env_ok();
+    cr_assert_null(c.root_addr);
     set_int("SLURM_STEP_NUM_NODES", nodes);
-    snprintf(want, sizeof want, "the job spans %ld hosts (SLURM_STEP_NUM_NODES is %ld)", nodes, nodes);
-    from_env_unsupported(want, NULL);
+    setenv("SLURM_STEP_NODELIST", "gpu[01-", 1);
+    from_env_fails("SLURM_STEP_NODELIST: got \"gpu[01-\"", "expected a Slurm hostlist");
+    unsetenv("SLURM_STEP_NODELIST");
+    unsetenv("SLURM_JOB_NODELIST");
+    from_env_fails("neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST", "SYMM_ROOT_ADDR");
     setenv("SLURM_STEP_NUM_NODES", "two", 1);
     from_env_fails("SLURM_STEP_NUM_NODES: got \"two\"", "expected a number of hosts");
 }
 
-/* It fails before create waits for anyone: well within SYMM_TIMEOUT. */
-Test(env, create_from_env_of_a_job_on_two_hosts_fails_without_waiting)
+/* A torchrun job on two simulated hosts joins through the environment
+ * alone: SYMM_HOST_ID per host, a socket directory each, MASTER_ADDR. */
+typedef struct two_hosts {
+    char dir[128];
+    int master_port;
+} two_hosts;
+
+static int rank_of_two_hosts(int i, void *arg, wf_result *res, wf_result *all)
 {
-    setenv("RANK", "0", 1);
+    (void)all;
+    const two_hosts *t = arg;
+    char sub[160], host[16];
+    snprintf(sub, sizeof sub, "%s/h%d", t->dir, i / 2);
+    snprintf(host, sizeof host, "sim%d", i / 2);
+    mkdir(sub, 0700);
+    setenv("SYMM_SOCKET_DIR", sub, 1);
+    setenv("SYMM_HOST_ID", host, 1);
+    set_int("RANK", i);
+    set_int("LOCAL_RANK", i % 2);
+    set_int("MASTER_PORT", t->master_port);
+    symm_world *w = NULL;
+    symm_status st = symm_world_create_from_env(&w);
+    if (st)
+        return wf_failf(res, "create_from_env: %s", symm_last_error());
+    int mine = 1000 + i, got[4] = {0};
+    st = symm_world_allgather(w, &mine, got, sizeof mine);
+    int code = st ? wf_failf(res, "allgather: %s", symm_last_error())
+               : got[3] != 1003 ? wf_failf(res, "allgather gave %d", got[3])
+               : symm_world_host_count(w) != 2 || symm_world_host(w) != i / 2 ||
+                         symm_world_size(symm_world_host_world(w)) != 2
+                   ? wf_failf(res, "hosts %d host %d", symm_world_host_count(w), symm_world_host(w))
+                   : 0;
+    symm_world_destroy(w);
+    return code;
+}
+
+Test(env, create_from_env_joins_a_torchrun_job_on_two_hosts)
+{
+    two_hosts t;
+    wf_tempdir(t.dir, sizeof t.dir);
+    t.master_port = wf_free_port() - 1; /* the rendezvous takes MASTER_PORT + 1 */
     setenv("WORLD_SIZE", "4", 1);
     setenv("LOCAL_WORLD_SIZE", "2", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "29500", 1);
-    setenv("SYMM_TIMEOUT", "30", 1);
-    symm_world *w = NULL;
-    double t0 = wf_now();
-    symm_status st = symm_world_create_from_env(&w);
-    cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "%s: %s", symm_status_name(st), symm_last_error());
-    cr_assert(strstr(symm_last_error(), "spans 2 hosts"), "%s", symm_last_error());
-    cr_assert(wf_now() - t0 < 5, "took %.1f s", wf_now() - t0);
-    cr_assert_null(w);
+    setenv("TORCHELASTIC_RUN_ID", "run", 1);
+    setenv("SYMM_JOB_SECRET", "s3cret", 1);
+    setenv("SYMM_TIMEOUT", "5", 1);
+    wf_result *r = wf_run(4, rank_of_two_hosts, &t, 20);
+    for (int i = 0; i < 4; i++)
+        cr_assert(r[i].done && r[i].code == 0, "rank %d: %s", i, r[i].msg);
+    wf_free(r, 4);
+    wf_rmtree(t.dir);
 }
 
 /* Two ranks as torch.multiprocessing.spawn starts them (RANK, WORLD_SIZE,

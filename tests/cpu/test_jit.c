@@ -151,6 +151,55 @@ Test(sha256, matches_the_fips_180_test_vectors)
                      "SHA-256 of a million 'a'");
 }
 
+/* RFC 4231's test cases 1 to 7 (case 5's MAC is truncated to 128 bits
+ * there; here it is whole), through the one-shot call and in pieces. */
+Test(hmac_sha256, matches_the_rfc_4231_test_vectors)
+{
+    static const char test7[] = "This is a test using a larger than block-size key and a larger than block-size "
+                                "data. The key needs to be hashed before being used by the HMAC algorithm.";
+    uint8_t k1[20], k3[20], k4[25], k5[20], k6[131], d3[50], d4[50];
+    memset(k1, 0x0b, sizeof k1);
+    memset(k3, 0xaa, sizeof k3);
+    for (int i = 0; i < 25; i++)
+        k4[i] = (uint8_t)(i + 1);
+    memset(k5, 0x0c, sizeof k5);
+    memset(k6, 0xaa, sizeof k6);
+    memset(d3, 0xdd, sizeof d3);
+    memset(d4, 0xcd, sizeof d4);
+    const struct {
+        const void *key;
+        size_t key_len;
+        const void *data;
+        size_t len;
+        const char *mac;
+    } vectors[] = {
+        {k1, 20, "Hi There", 8, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+        {"Jefe", 4, "what do ya want for nothing?", 28,
+         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+        {k3, 20, d3, 50, "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"},
+        {k4, 25, d4, 50, "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
+        {k5, 20, "Test With Truncation", 20, "a3b6167473100ee06e0c796c2955552bfa6f7c0a6a8aef8b93f860aab0cd20c5"},
+        {k6, 131, "Test Using Larger Than Block-Size Key - Hash Key First", 54,
+         "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+        {k6, 131, test7, sizeof test7 - 1, "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
+    };
+    for (size_t i = 0; i < sizeof vectors / sizeof vectors[0]; i++) {
+        uint8_t mac[SYMM_SHA256_SIZE];
+        char hex[SYMM_SHA256_HEX_SIZE];
+        symm_hmac_sha256(vectors[i].key, vectors[i].key_len, vectors[i].data, vectors[i].len, mac);
+        symm_sha256_hex(mac, hex);
+        cr_assert_str_eq(hex, vectors[i].mac, "RFC 4231 test case %zu", i + 1);
+        symm_hmac_sha256_ctx m;
+        symm_hmac_sha256_init(&m, vectors[i].key, vectors[i].key_len);
+        for (size_t at = 0; at < vectors[i].len; at += 7)
+            symm_hmac_sha256_update(&m, (const char *)vectors[i].data + at,
+                                    vectors[i].len - at < 7 ? vectors[i].len - at : 7);
+        symm_hmac_sha256_final(&m, mac);
+        symm_sha256_hex(mac, hex);
+        cr_assert_str_eq(hex, vectors[i].mac, "RFC 4231 test case %zu, in pieces of 7 bytes", i + 1);
+    }
+}
+
 Test(sha256, random_input_in_random_pieces_matches_sha256sum, .init = setup, .fini = teardown)
 {
     /* Lengths around the 55/56/64-byte padding edges, and a few longer. */

@@ -37,6 +37,8 @@ __attribute__((constructor)) static void world_child(void)
     for (int r = 0; ok && r < n; r++)
         ok = all[r] == 100 + r * r;
     printf("world rank %d of %d: %s\n", me, n, ok ? "allgather ok" : symm_last_error());
+    printf("rank %d: host %d of %d (%s), local rank %d of %d\n", me, symm_world_host(w), symm_world_host_count(w),
+           symm_world_host_name(w, symm_world_host(w)), symm_world_local_rank(w), symm_world_local_size(w));
     fflush(stdout);
     symm_world_destroy(w);
     free(all);
@@ -495,6 +497,20 @@ Test(symmrun, usage_errors_exit_2_with_a_message)
     usage_fails((const char *[]){"-n", "2", "--bogus", "true", NULL}, "unknown option \"--bogus\"");
     usage_fails((const char *[]){"-n", "2", "--gpus", "1,,2", "true", NULL}, "--gpus: got \"1,,2\"");
     usage_fails((const char *[]){"-n", "2", "--timeout", "soon", "true", NULL}, "--timeout: got \"soon\"");
+    usage_fails((const char *[]){"-n", "4", "--sim-hosts", "3", "true", NULL},
+                "--sim-hosts 3: expected a number of hosts that divides -n 4");
+    usage_fails((const char *[]){"-n", "4", "--sim-hosts", "0", "true", NULL}, "--sim-hosts: got \"0\"");
+    usage_fails((const char *[]){"-n", "2", "--hosts", "2", "true", NULL},
+                "--hosts, --host-index and --root go together");
+    usage_fails((const char *[]){"-n", "2", "--sim-hosts", "2", "--hosts", "2", "true", NULL},
+                "does not go with --hosts");
+    usage_fails((const char *[]){"-n", "2", "--hosts", "2", "--host-index", "2", "--root", "a:1", "true", NULL},
+                "--host-index 2: expected 0..1");
+    usage_fails((const char *[]){"-n", "2", "--hosts", "2", "--host-index", "0", "--root", "node01", "true", NULL},
+                "--root: got \"node01\", expected ADDR:PORT");
+    unsetenv("SYMM_JOB_SECRET");
+    usage_fails((const char *[]){"-n", "2", "--hosts", "2", "--host-index", "1", "--root", "a:1", "true", NULL},
+                "--hosts needs SYMM_JOB_SECRET in the environment");
 }
 
 Test(symmrun, help_and_version)
@@ -737,4 +753,117 @@ Test(symmrun, ranks_join_one_world_through_the_environment)
     }
     release(&r);
     wf_rmtree(dir);
+}
+
+/* --sim-hosts: host-major simulated hosts, each with its host id, NCCL host,
+ * socket directory (removed afterwards) and the one root address. */
+Test(symmrun, sim_hosts_give_each_host_its_identity_and_socket_directory)
+{
+    static const char script[] = "echo \"$SYMM_RANK $SYMM_LOCAL_RANK $SYMM_LOCAL_SIZE $SYMM_HOST_ID $NCCL_HOSTID "
+                                 "$SYMM_SOCKET_DIR $SYMM_ROOT_ADDR ${NCCL_SOCKET_IFNAME-unset} ${NCCL_IB_DISABLE-unset}\"";
+    unsetenv("NCCL_HOSTID");
+    unsetenv("NCCL_SOCKET_IFNAME");
+    setenv("NCCL_IB_DISABLE", "0", 1);
+    run r = run_symmrun((const char *[]){"-n", "6", "--sim-hosts", "3", "/bin/sh", "-c", script, NULL}, 10);
+    cr_assert_eq(r.code, 0, "stderr: %s", r.buf[1]);
+    char nccl[6][128] = {{0}}, dir[6][256] = {{0}}, root[6][64] = {{0}};
+    char *copy = strdup(r.buf[0]), *save = NULL;
+    int seen = 0;
+    for (char *l = strtok_r(copy, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        int prefix, rank, local, lsize;
+        char host[32], n[128], d[256], a[64], ifname[16], ib[16];
+        cr_assert(sscanf(l, "[%d] %d %d %d %31s %127s %255s %63s %15s %15s", &prefix, &rank, &local, &lsize, host, n, d,
+                         a, ifname, ib) == 10, "bad line: %s", l);
+        cr_assert_str_eq(ifname, "lo", "rank %d: NCCL_SOCKET_IFNAME unset before, expected lo", rank);
+        cr_assert_str_eq(ib, "0", "rank %d: NCCL_IB_DISABLE set by the caller must be kept", rank);
+        cr_assert(rank >= 0 && rank < 6 && prefix == rank, "line: %s", l);
+        char want[16];
+        snprintf(want, sizeof want, "sim%d", rank / 2);
+        cr_assert_str_eq(host, want, "rank %d", rank);
+        cr_assert(local == rank % 2 && lsize == 2, "rank %d: local rank %d of %d", rank, local, lsize);
+        cr_assert(!strncmp(a, "127.0.0.1:", 10), "rank %d: SYMM_ROOT_ADDR %s", rank, a);
+        snprintf(nccl[rank], sizeof nccl[rank], "%s", n);
+        snprintf(dir[rank], sizeof dir[rank], "%s", d);
+        snprintf(root[rank], sizeof root[rank], "%s", a);
+        seen++;
+    }
+    free(copy);
+    cr_assert_eq(seen, 6, "stdout: %s", r.buf[0]);
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 6; k++) {
+            int same_host = i / 2 == k / 2;
+            cr_assert_eq(!strcmp(nccl[i], nccl[k]), same_host, "NCCL_HOSTID of ranks %d, %d: %s %s", i, k, nccl[i],
+                         nccl[k]);
+            cr_assert_eq(!strcmp(dir[i], dir[k]), same_host, "SYMM_SOCKET_DIR of ranks %d, %d", i, k);
+            cr_assert_str_eq(root[i], root[k]);
+        }
+    for (int i = 0; i < 6; i++)
+        cr_assert(access(dir[i], F_OK) != 0, "%s is left behind", dir[i]);
+    unsetenv("NCCL_IB_DISABLE");
+    release(&r);
+}
+
+static const char *self_exe(char *exe, size_t n)
+{
+    ssize_t k = readlink("/proc/self/exe", exe, n - 1);
+    cr_assert(k > 0);
+    exe[k] = '\0';
+    return exe;
+}
+
+Test(symmrun, sim_hosts_ranks_join_one_world_across_hosts)
+{
+    char exe[4096];
+    setenv("SYMM_TEST_WORLD_CHILD", "1", 1);
+    run r = run_symmrun((const char *[]){"-n", "4", "--sim-hosts", "2", "--timeout", "5", self_exe(exe, sizeof exe),
+                                         NULL}, 20);
+    unsetenv("SYMM_TEST_WORLD_CHILD");
+    cr_assert_eq(r.code, 0, "exit %d; stdout: %s; stderr: %s", r.code, r.buf[0], r.buf[1]);
+    for (int i = 0; i < 4; i++) {
+        char want[96];
+        snprintf(want, sizeof want, "[%d] world rank %d of 4: allgather ok\n", i, i);
+        cr_assert(strstr(r.buf[0], want), "stdout lacks \"%s\": %s", want, r.buf[0]);
+        snprintf(want, sizeof want, "[%d] rank %d: host %d of 2 (sim%d), local rank %d of 2\n", i, i, i / 2, i / 2,
+                 i % 2);
+        cr_assert(strstr(r.buf[0], want), "stdout lacks \"%s\": %s", want, r.buf[0]);
+    }
+    release(&r);
+}
+
+/* --hosts: one symmrun per host (here two on this machine, as hosts A and
+ * B with their own socket directories), global ranks host-major. */
+Test(symmrun, hosts_form_joins_the_symmruns_of_every_host)
+{
+    char exe[4096], dir[2][128], root[32], index[2][4];
+    snprintf(root, sizeof root, "127.0.0.1:%d", wf_free_port());
+    setenv("SYMM_TEST_WORLD_CHILD", "1", 1);
+    setenv("SYMM_JOB_SECRET", "0123456789abcdef", 1);
+    run r[2];
+    for (int h = 0; h < 2; h++) {
+        wf_tempdir(dir[h], sizeof dir[h]);
+        setenv("SYMM_SOCKET_DIR", dir[h], 1);
+        setenv("SYMM_HOST_ID", h ? "hostB" : "hostA", 1);
+        snprintf(index[h], sizeof index[h], "%d", h);
+        start(&r[h], (const char *[]){"-n", "2", "--hosts", "2", "--host-index", index[h], "--root", root,
+                                      "--timeout", "5", self_exe(exe, sizeof exe), NULL});
+    }
+    for (int h = 0; h < 2; h++)
+        finish(&r[h], 20);
+    unsetenv("SYMM_TEST_WORLD_CHILD");
+    unsetenv("SYMM_JOB_SECRET");
+    unsetenv("SYMM_HOST_ID");
+    unsetenv("SYMM_SOCKET_DIR");
+    for (int h = 0; h < 2; h++) {
+        cr_assert_eq(r[h].code, 0, "host %d: exit %d; stdout: %s; stderr: %s", h, r[h].code, r[h].buf[0],
+                     r[h].buf[1]);
+        for (int l = 0; l < 2; l++) {
+            char want[96];
+            const int g = 2 * h + l;
+            snprintf(want, sizeof want, "[%d] rank %d: host %d of 2 (host%c), local rank %d of 2\n", g, g, h,
+                     h ? 'B' : 'A', l);
+            cr_assert(strstr(r[h].buf[0], want), "host %d: stdout lacks \"%s\": %s", h, want, r[h].buf[0]);
+        }
+        release(&r[h]);
+        wf_rmtree(dir[h]);
+    }
 }

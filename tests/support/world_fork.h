@@ -62,6 +62,10 @@ int wf_count_fds(void);
  * binary whose tests all passed. Call it first in the test or its .init. */
 void wf_watchdog(unsigned seconds);
 
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound to port 0 and
+ * closed), for a root address; 0 when none could be had. */
+int wf_free_port(void);
+
 double wf_now(void);
 void wf_sleep(double seconds);
 
