@@ -3,7 +3,8 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, companions (check at world 1: the default spec's companions
+#        check, simhosts-nccl (2 simulated hosts: NCCL backend at worlds 2
+#        and 4, native refused), companions (check at world 1: the default spec's companions
 #        of one rank), models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
@@ -80,6 +81,15 @@ for s in "$@"; do
     companions) # the default spec's companions of one rank (spec field hosts: two one-GPU hosts)
         step check-companions-w1 200 $run -n 1 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --time 20 ;;
+    simhosts-nccl) # worlds across 2 simulated hosts (symmrun --sim-hosts): the NCCL backend, native refused
+        step check-w2-nccl-2hosts 300 $run -n 2 --gpus "$gpus" --sim-hosts 2 -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --backend nccl --quick
+        shared=(); [ "$ngpu" -lt 4 ] && shared=(--nccl-shared-gpu)
+        step check-w4-nccl-2hosts 300 $run -n 4 --gpus "$gpus" --sim-hosts 2 "${shared[@]}" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --backend nccl --quick
+        step check-w2-native-2hosts-refused 120 bash -c "out=\$($run -n 2 --gpus $gpus --sim-hosts 2 -- $build/tests-gpu/check \
+            --manifest out/default/manifest.json --backend native --quick 2>&1); rc=\$?; echo \"\$out\" | tail -n 3; \
+            [ \$rc -ne 0 ] && echo \"\$out\" | grep -q 'the world spans 2 hosts (sim0, sim1): use backend nccl'" ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
     nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
