@@ -91,9 +91,14 @@ typedef struct symm_variant_desc {
 } symm_variant_desc;
 
 typedef enum symm_backend {
-    SYMM_BACKEND_DEFAULT = 0, /* SYMM_BACKEND from the environment, else native */
-    SYMM_BACKEND_NATIVE,      /* generated kernels over NVLink symmetric memory */
+    SYMM_BACKEND_DEFAULT = 0, /* SYMM_BACKEND from the environment, else native on a
+                                 world of one host, hybrid on a world of several */
+    SYMM_BACKEND_NATIVE,      /* generated kernels over NVLink symmetric memory (one host) */
     SYMM_BACKEND_NCCL,        /* NCCL send/receive (needs host counts; not capturable) */
+    SYMM_BACKEND_HYBRID,      /* across hosts: NCCL between hosts, the native kernels of the
+                                 variant's companion within each (docs/protocol.md "Across
+                                 hosts"; needs host counts; not capturable). Refused on a
+                                 world of one host (native serves it). */
 } symm_backend;
 
 typedef struct symm_variant_options {
