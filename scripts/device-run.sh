@@ -4,7 +4,12 @@
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, companions (check at world 1: the default spec's companions
-#        of one rank), models, nccl, world4, worlds, world8, sanitize, variant,
+#        of one rank), hosts (the hybrid backend on simulated hosts: check
+#        --backend hybrid of the default spec at --sim-hosts 2 -n 2, then
+#        --sim-hosts 2 -n 4 and --sim-hosts 4 -n 4 with the ranks that
+#        share a GPU at once under CUDA MPS, HOSTS_MPS=0: taking turns;
+#        NCCL between ranks that share a GPU over loopback,
+#        --nccl-shared-gpu), models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
@@ -80,6 +85,24 @@ for s in "$@"; do
     companions) # the default spec's companions of one rank (spec field hosts: two one-GPU hosts)
         step check-companions-w1 200 $run -n 1 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --time 20 ;;
+    hosts) # the hybrid backend across simulated hosts (docs/protocol.md "Across hosts")
+        for hw in "2 2" "2 4" "4 4"; do
+            read -r hosts w <<< "$hw"
+            extra=(--sim-hosts "$hosts")
+            [ "$w" -gt "$ngpu" ] && extra+=(--nccl-shared-gpu)
+            if [ "$w" -gt "$ngpu" ] && [ "${HOSTS_MPS:-1}" != 0 ]; then
+                export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+                nvidia-cuda-mps-control -d >> "$out/machine.log" 2>&1
+                step "check-hybrid-h$hosts-n$w-mps" 300 $run -n "$w" --gpus "$gpus" "${extra[@]}" -- \
+                    "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick --skip-unsupported
+                echo quit | nvidia-cuda-mps-control
+                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+            else
+                step "check-hybrid-h$hosts-n$w" 300 $run -n "$w" --gpus "$gpus" "${extra[@]}" -- \
+                    "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick
+            fi
+        done ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
     nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
@@ -167,7 +190,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
