@@ -212,8 +212,11 @@ symm_status symm_variant_hybrid_setup(symm_variant *v, const symm_variant_desc *
     SYMM_TRY(symm_agree(v->world, local, "hybrid backend: creating the companions"));
     local = hybrid_buffers(v);
     SYMM_TRY(symm_agree(v->world, local, "hybrid backend: allocating buffers"));
-    /* The tables of forwarded tokens, which the host's ranks read. */
-    SYMM_TRY(symm_alloc_create(host_world, v->host_dev, (size_t)2 * (size_t)h->fwd_max * 8, 0, &h->table));
+    /* The tables of forwarded tokens, which the host's ranks read
+     * (collective within the host; every host learns how the others fared
+     * before the world's communicator is made). */
+    local = symm_alloc_create(host_world, v->host_dev, (size_t)2 * (size_t)h->fwd_max * 8, 0, &h->table);
+    SYMM_TRY(symm_agree(v->world, local, "hybrid backend: the tables of forwarded tokens"));
     SYMM_TRY(symm_nccl_create(v->world, v->dev, &h->comm));
     return symm_agree(v->world, connect_peers(v), "hybrid backend: connecting the peers");
 }
