@@ -176,6 +176,9 @@ typedef struct symm_recv_buffers {
                                  for combine's y in the symmetric buffer; else 0 */
 } symm_recv_buffers;
 
+/* The hybrid backend hands out its companion's buffers (its rows, in the
+ * order docs/protocol.md "Across hosts" gives) with src of its own:
+ * {source rank in the world, source token, k or -1, 0}. */
 symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out);
 
 /* Per-call statistics of the last dispatch and the sticky device error. */
@@ -203,6 +206,11 @@ typedef struct symm_variant_stats {
  * dispatch itself returns SYMM_ERR_TIMEOUT (NCCL cannot say which peer is
  * missing), sticky in the same way: every later dispatch, combine and
  * stats_read returns it (stats: timed_out set, timeout_peer -1, the rest 0).
+ * The hybrid backend (across hosts) counts invalid ids and clamping at the
+ * source, rows and drops in its companion: a row dropped at its destination
+ * counts in dropped_send of the rank that forwarded it (the source's peer
+ * of the same local index on the row's host), and a device timeout names a
+ * rank of the world; any failed call is sticky as the NCCL backend's.
  * stats may be NULL. */
 symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
 
