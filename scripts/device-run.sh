@@ -5,9 +5,10 @@
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, companions (check at world 1: the default spec's companions
 #        of one rank), hosts (the hybrid backend on simulated hosts: check
-#        --backend hybrid of the default spec at --sim-hosts 2 -n 2, then
-#        --sim-hosts 2 -n 4 and --sim-hosts 4 -n 4 with the ranks that
-#        share a GPU at once under CUDA MPS, HOSTS_MPS=0: taking turns;
+#        --backend hybrid of the default spec at --sim-hosts 2 -n 2 (with
+#        --time 20 where each rank has a GPU), then --sim-hosts 2 -n 4 and
+#        --sim-hosts 4 -n 4 with the ranks that share a GPU at once under
+#        CUDA MPS (HOSTS_MPS=0: taking turns);
 #        NCCL between ranks that share a GPU over loopback,
 #        --nccl-shared-gpu), models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
@@ -99,8 +100,12 @@ for s in "$@"; do
                 echo quit | nvidia-cuda-mps-control
                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
             else
+                # One GPU a rank: also 20 timed calls at max_tokens (NCCL over
+                # loopback between the simulated hosts: a floor, not a speed).
+                timed=()
+                [ "$w" -le "$ngpu" ] && timed=(--time 20)
                 step "check-hybrid-h$hosts-n$w" 300 $run -n "$w" --gpus "$gpus" "${extra[@]}" -- \
-                    "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick
+                    "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick "${timed[@]}"
             fi
         done ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
