@@ -187,19 +187,29 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     /* Programs compiled at once (symm_jit_compile_parts): part 1 holds
      * dispatch, part 2 combine, part 3 (the NCCL and hybrid backends only)
      * those backends' kernels, so a cold compile of a native variant takes
-     * as long as the longer of dispatch and combine. */
-    const int parts = v->backend == SYMM_BACKEND_NATIVE ? 2 : 3;
+     * as long as the longer of dispatch and combine. The hybrid compiles
+     * part 3 alone (its companion runs the native kernels), with the
+     * options symm_jit_compile_parts gives part 3: the same cache entry. */
+    const bool hybrid = v->backend == SYMM_BACKEND_HYBRID;
+    const int parts = v->backend == SYMM_BACKEND_NATIVE ? 2 : hybrid ? 1 : 3;
     symm_jit_result res[3];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    symm_status st = symm_jit_compile_parts(&req, parts, res);
+    symm_status st;
+    if (hybrid) {
+        options[n_desc + tune.count] = "-DSYMM_PART=3";
+        req.option_count++;
+        st = symm_jit_compile(&req, &res[0]);
+    } else {
+        st = symm_jit_compile_parts(&req, parts, res);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st == SYMM_OK) {
         v->jit_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
         v->jit_cache_hit = true;
         for (int i = 0; i < parts; i++)
             v->jit_cache_hit &= res[i].cache_hit;
-        CUmodule *modules[3] = {&v->module_dispatch, &v->module, &v->module_nccl};
+        CUmodule *modules[3] = {hybrid ? &v->module_nccl : &v->module_dispatch, &v->module, &v->module_nccl};
         for (int i = 0; i < parts && st == SYMM_OK; i++)
             st = symm_jit_load(res[i].cubin, res[i].cubin_size, modules[i]);
     }
@@ -207,8 +217,10 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         symm_jit_result_free(&res[i]);
     free(options);
     SYMM_TRY(st);
-    SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
-    SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
+    if (!hybrid) {
+        SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
+        SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
+    }
     if (v->backend != SYMM_BACKEND_NATIVE) {
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scatter", &v->fn_nccl_scatter));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_count", &v->fn_nccl_count));
