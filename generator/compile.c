@@ -123,7 +123,7 @@ int sg_nvrtc_compile(const char *program_name, const char *source, size_t len, c
 
 const char *sg_part_name(int part)
 {
-    static const char *const names[SG_PARTS + 1] = {"every kernel", "dispatch", "combine", "NCCL backend"};
+    static const char *const names[SG_PARTS + 1] = {"every kernel", "dispatch", "combine", "NCCL and hybrid backends"};
     return part >= 0 && part <= SG_PARTS ? names[part] : "?";
 }
 

@@ -1,7 +1,9 @@
 /* variant.c: a generated variant at run time. Create allocates its symmetric
  * buffer and scratch, JIT-compiles its kernels and checks they fit; dispatch
  * and combine check their arguments on the host and launch the kernels of
- * templates/variant.cu.in (native backend) or run over NCCL (nccl backend). */
+ * templates/variant.cu.in (native backend), or run over NCCL (nccl backend,
+ * variant_nccl.c), or across hosts over NCCL and a native companion within
+ * each host (hybrid backend, variant_hybrid.c). */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,23 +98,30 @@ symm_status symm_variant_check_gpu(const char *name, int cc_major, int cc_minor)
                      cc_major, cc_minor);
 }
 
-static symm_status pick_backend(const symm_variant_options *opts, symm_backend *out)
+/* The backend of a create: opts->backend, else SYMM_BACKEND from the
+ * environment, else native on a world of one host and hybrid on a world of
+ * several (hosts > 1). */
+static symm_status pick_backend(const symm_variant_options *opts, int hosts, symm_backend *out)
 {
     symm_backend b = opts ? opts->backend : SYMM_BACKEND_DEFAULT;
     if (b == SYMM_BACKEND_DEFAULT) {
         const char *env = getenv("SYMM_BACKEND");
-        if (!env || !*env || strcmp(env, "native") == 0)
+        if (!env || !*env)
+            b = hosts > 1 ? SYMM_BACKEND_HYBRID : SYMM_BACKEND_NATIVE;
+        else if (strcmp(env, "native") == 0)
             b = SYMM_BACKEND_NATIVE;
         else if (strcmp(env, "nccl") == 0)
             b = SYMM_BACKEND_NCCL;
+        else if (strcmp(env, "hybrid") == 0)
+            b = SYMM_BACKEND_HYBRID;
         else
             return symm_fail(SYMM_ERR_INVALID_ARG,
-                             "symm_variant_create: SYMM_BACKEND=\"%s\": expected native or nccl", env);
+                             "symm_variant_create: SYMM_BACKEND=\"%s\": expected native, nccl or hybrid", env);
     }
-    if (b != SYMM_BACKEND_NATIVE && b != SYMM_BACKEND_NCCL)
+    if (b != SYMM_BACKEND_NATIVE && b != SYMM_BACKEND_NCCL && b != SYMM_BACKEND_HYBRID)
         return symm_fail(SYMM_ERR_INVALID_ARG,
                          "symm_variant_create: backend %d: expected SYMM_BACKEND_DEFAULT, "
-                         "SYMM_BACKEND_NATIVE or SYMM_BACKEND_NCCL", (int)b);
+                         "SYMM_BACKEND_NATIVE, SYMM_BACKEND_NCCL or SYMM_BACKEND_HYBRID", (int)b);
     *out = b;
     return SYMM_OK;
 }
@@ -176,21 +185,31 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         .cache_dir = opts ? opts->cache_dir : NULL,
     };
     /* Programs compiled at once (symm_jit_compile_parts): part 1 holds
-     * dispatch, part 2 combine, part 3 (the NCCL backend only) that
-     * backend's kernels, so a cold compile of a native variant takes as long
-     * as the longer of dispatch and combine. */
-    const int parts = v->backend == SYMM_BACKEND_NCCL ? 3 : 2;
+     * dispatch, part 2 combine, part 3 (the NCCL and hybrid backends only)
+     * those backends' kernels, so a cold compile of a native variant takes
+     * as long as the longer of dispatch and combine. The hybrid compiles
+     * part 3 alone (its companion runs the native kernels), with the
+     * options symm_jit_compile_parts gives part 3: the same cache entry. */
+    const bool hybrid = v->backend == SYMM_BACKEND_HYBRID;
+    const int parts = v->backend == SYMM_BACKEND_NATIVE ? 2 : hybrid ? 1 : 3;
     symm_jit_result res[3];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    symm_status st = symm_jit_compile_parts(&req, parts, res);
+    symm_status st;
+    if (hybrid) {
+        options[n_desc + tune.count] = "-DSYMM_PART=3";
+        req.option_count++;
+        st = symm_jit_compile(&req, &res[0]);
+    } else {
+        st = symm_jit_compile_parts(&req, parts, res);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st == SYMM_OK) {
         v->jit_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
         v->jit_cache_hit = true;
         for (int i = 0; i < parts; i++)
             v->jit_cache_hit &= res[i].cache_hit;
-        CUmodule *modules[3] = {&v->module_dispatch, &v->module, &v->module_nccl};
+        CUmodule *modules[3] = {hybrid ? &v->module_nccl : &v->module_dispatch, &v->module, &v->module_nccl};
         for (int i = 0; i < parts && st == SYMM_OK; i++)
             st = symm_jit_load(res[i].cubin, res[i].cubin_size, modules[i]);
     }
@@ -198,8 +217,10 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         symm_jit_result_free(&res[i]);
     free(options);
     SYMM_TRY(st);
-    SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
-    SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
+    if (!hybrid) {
+        SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
+        SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
+    }
     if (v->backend != SYMM_BACKEND_NATIVE) {
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scatter", &v->fn_nccl_scatter));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_count", &v->fn_nccl_count));
@@ -208,6 +229,10 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_gather", &v->fn_nccl_gather));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_count_experts", &v->fn_count_experts));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_reduce", &v->fn_reduce));
+        if (v->backend == SYMM_BACKEND_HYBRID) {
+            SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_hybrid_src", &v->fn_hybrid_src));
+            SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_hybrid_sum", &v->fn_hybrid_sum));
+        }
         return SYMM_OK;
     }
 
@@ -247,7 +272,10 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
 static void release(symm_variant *v)
 {
     const symm_cuda_api *cu;
-    if (symm_cuda(&cu) == SYMM_OK) {
+    /* Only where there is something to free: a create refused before any
+     * GPU work keeps its message (symm_cuda would set its own without a
+     * driver). */
+    if ((v->scratch || v->module || v->module_dispatch || v->module_nccl) && symm_cuda(&cu) == SYMM_OK) {
         if (v->scratch)
             cu->cuMemFree(v->scratch);
         if (v->module)
@@ -259,6 +287,8 @@ static void release(symm_variant *v)
     }
     if (v->nccl)
         symm_variant_nccl_release(v);
+    if (v->hybrid)
+        symm_variant_hybrid_release(v);
     if (v->alloc)
         symm_alloc_destroy(v->alloc);
     if (v->host_dev)
@@ -297,17 +327,21 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
     v->timeout_ns = (int64_t)(timeout * 1e9);
 
     const symm_cuda_api *cu = NULL;
-    symm_status st = pick_backend(opts, &v->backend);
     const int across_hosts = symm_world_host_count(world) > 1;
+    symm_status st = pick_backend(opts, symm_world_host_count(world), &v->backend);
     /* Every rank knows its world's hosts: all refuse alike, nobody waits. */
     if (st == SYMM_OK && across_hosts && v->backend == SYMM_BACKEND_NATIVE) {
         char hosts[640];
         symm_hosts_text(world, hosts, sizeof hosts);
         st = symm_fail(SYMM_ERR_UNSUPPORTED, "backend native shares GPU memory over NVLink within one host, and "
-                       "the world spans %s: use backend nccl (SYMM_BACKEND=nccl, or SYMM_BACKEND_NCCL in the "
-                       "options; a hierarchical backend, NVLink within a host and NCCL between hosts, is coming)",
-                       hosts);
+                       "the world spans %s: use backend hybrid (the default there: SYMM_BACKEND unset or "
+                       "hybrid, SYMM_BACKEND_HYBRID in the options) or nccl", hosts);
     }
+    /* The hybrid's refusals (one host, ranks not host-major, combine_order
+     * k, no companion for the host count) come before any GPU work. */
+    const symm_variant_desc *companion = NULL;
+    if (st == SYMM_OK && v->backend == SYMM_BACKEND_HYBRID)
+        st = symm_variant_hybrid_check(world, desc, &companion);
     if (st == SYMM_OK)
         st = symm_cuda(&cu);
     if (st == SYMM_OK)
@@ -321,7 +355,9 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
                         symm_variant_check_gpu(desc->name, symm_device_cc_major(v->dev),
                                                symm_device_cc_minor(v->dev)),
                         "symm_variant_create: checking the GPU");
-    if (st == SYMM_OK)
+    /* The hybrid's symmetric buffers are its companion's (and its own
+     * tables); the variant's own would go unused. */
+    if (st == SYMM_OK && v->backend != SYMM_BACKEND_HYBRID)
         st = symm_alloc_create(symm_world_host_world(world), across_hosts ? v->host_dev : v->dev,
                                desc->symmetric_bytes, 0, &v->alloc);
     /* The local steps may fail on one rank only: every rank learns of it
@@ -339,6 +375,8 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
     }
     if (st == SYMM_OK && v->backend == SYMM_BACKEND_NCCL)
         st = symm_variant_nccl_setup(v);
+    if (st == SYMM_OK && v->backend == SYMM_BACKEND_HYBRID)
+        st = symm_variant_hybrid_setup(v, companion, opts);
     /* Every rank must have succeeded before anyone uses the variant. */
     if (st == SYMM_OK)
         st = symm_world_barrier(world);
@@ -358,7 +396,7 @@ symm_status symm_variant_destroy(symm_variant *v)
     const symm_cuda_api *cu;
     /* NCCL's kernels wait for peers without a timeout: a peer that is gone
      * would keep the synchronisation below waiting for ever. */
-    symm_status quiet = v->nccl ? symm_variant_nccl_quiesce(v) : SYMM_OK;
+    symm_status quiet = v->nccl ? symm_variant_nccl_quiesce(v) : v->hybrid ? symm_variant_hybrid_quiesce(v) : SYMM_OK;
     if (quiet != SYMM_OK)
         symm_fail_context(quiet, "symm_variant_destroy: %s (everything is released): ", v->desc->name);
     symm_status st = symm_cuda(&cu);
@@ -421,7 +459,7 @@ static symm_status check_dispatch(const symm_variant *v, const symm_dispatch_arg
 CUdeviceptr symm_variant_region_ptr(const symm_variant *v, symm_region id)
 {
     const symm_region_desc *r = &v->desc->regions[id];
-    if (!r->bytes)
+    if (!r->bytes || (r->symmetric && !v->alloc)) /* the hybrid has no symmetric buffer of its own */
         return 0;
     return (r->symmetric ? symm_alloc_local(v->alloc) : v->scratch) + r->offset;
 }
@@ -476,12 +514,15 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
     SYMM_TRY(check_dispatch(v, args));
     if (v->backend == SYMM_BACKEND_NCCL)
         SYMM_TRY(symm_variant_nccl_refuse_capture(v, stream, "dispatch"));
+    if (v->backend == SYMM_BACKEND_HYBRID)
+        SYMM_TRY(symm_variant_hybrid_refuse_capture(v, stream, "dispatch"));
     if (v->awaiting_combine)
         return symm_fail(SYMM_ERR_STATE,
                          "%s dispatch: the previous dispatch has not been combined: every dispatch "
                          "must be followed by its combine before the next dispatch", v->desc->name);
-    if (v->backend == SYMM_BACKEND_NCCL) {
-        symm_status st = symm_variant_nccl_dispatch(v, args, stream);
+    if (v->backend == SYMM_BACKEND_NCCL || v->backend == SYMM_BACKEND_HYBRID) {
+        symm_status st = v->backend == SYMM_BACKEND_NCCL ? symm_variant_nccl_dispatch(v, args, stream)
+                                                         : symm_variant_hybrid_dispatch(v, args, stream);
         v->awaiting_combine = st == SYMM_OK;
         return st;
     }
@@ -509,8 +550,8 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     if (misaligned(y, 16) || misaligned(out, 16))
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s %p: expected 16-byte alignment", name,
                          misaligned(y, 16) ? "y" : "out", misaligned(y, 16) ? y : out);
-    if (v->desc->combine_pull) {
-        /* The peers read y where it is: inside this variant's symmetric
+    if (v->desc->combine_pull && v->backend != SYMM_BACKEND_HYBRID) {
+        /* (The hybrid's companion checks its own buffer.) The peers read y where it is: inside this variant's symmetric
          * buffer, all of its capacity rows (either backend: the manifest
          * declares y symmetric). */
         const symm_variant_desc *d = v->desc;
@@ -530,6 +571,10 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
          * failure is what the caller needs to hear (sticky). */
         SYMM_TRY(symm_variant_nccl_failure(v, "combine"));
     }
+    if (v->backend == SYMM_BACKEND_HYBRID) {
+        SYMM_TRY(symm_variant_hybrid_refuse_capture(v, stream, "combine"));
+        SYMM_TRY(symm_variant_hybrid_failure(v, "combine"));
+    }
     if (!v->awaiting_combine)
         return symm_fail(SYMM_ERR_STATE,
                          "%s combine: no dispatch to combine: every combine follows exactly one dispatch",
@@ -537,6 +582,8 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     symm_status st;
     if (v->backend == SYMM_BACKEND_NCCL) {
         st = symm_variant_nccl_combine(v, y, out, stream);
+    } else if (v->backend == SYMM_BACKEND_HYBRID) {
+        st = symm_variant_hybrid_combine(v, y, out, stream);
     } else {
         kernel_args k;
         base_args(v, &k);
@@ -566,6 +613,8 @@ symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out)
 {
     if (!v || !out)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_recv: %s is NULL", v ? "out" : "variant");
+    if (v->hybrid)
+        return symm_variant_hybrid_recv(v, out);
     out->x = symm_variant_region_ptr(v, SYMM_REGION_RECV_X);
     out->scales = symm_variant_region_ptr(v, SYMM_REGION_RECV_SCALES);
     out->src = symm_variant_region_ptr(v, SYMM_REGION_RECV_SRC);
@@ -597,6 +646,8 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
 {
     if (!v || !out)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_profile_read: %s is NULL", v ? "out" : "variant");
+    if (v->hybrid)
+        return symm_variant_hybrid_profile(v, stream, out);
     if (!v->profile)
         return symm_fail(SYMM_ERR_STATE, "symm_variant_profile_read: %s was created without the tuning knob "
                          "PROFILE=1 (SYMM_TUNE or symm_variant_options.tune)", v->desc->name);
@@ -647,23 +698,36 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
             return failed;
         }
     }
-    const symm_cuda_api *cu;
-    SYMM_TRY(symm_cuda(&cu));
-    SYMM_CU(cu, cuStreamSynchronize(stream));
-    device_state s;
-    SYMM_CU(cu, cuMemcpyDtoH(&s, symm_variant_region_ptr(v, SYMM_REGION_STATE), sizeof s));
-    symm_variant_stats local = {
-        .calls = s.seq,
-        .tokens = s.tokens,
-        .recv_rows = s.recv_rows,
-        .invalid = s.invalid,
-        .dropped_send = s.dropped_send,
-        .dropped_recv = s.dropped_recv,
-        .clamped = s.clamped,
-        .timed_out = s.err_code != 0,
-        .timeout_peer = s.err_peer,
-        .timeout_phase = s.err_phase,
-    };
+    symm_variant_stats local;
+    uint64_t err_seq = 0;
+    if (v->hybrid) {
+        symm_status st = symm_variant_hybrid_stats(v, stream, &local);
+        if (st != SYMM_OK) {
+            if (stats)
+                *stats = local;
+            return st;
+        }
+        err_seq = local.calls;
+    } else {
+        const symm_cuda_api *cu;
+        SYMM_TRY(symm_cuda(&cu));
+        SYMM_CU(cu, cuStreamSynchronize(stream));
+        device_state s;
+        SYMM_CU(cu, cuMemcpyDtoH(&s, symm_variant_region_ptr(v, SYMM_REGION_STATE), sizeof s));
+        local = (symm_variant_stats){
+            .calls = s.seq,
+            .tokens = s.tokens,
+            .recv_rows = s.recv_rows,
+            .invalid = s.invalid,
+            .dropped_send = s.dropped_send,
+            .dropped_recv = s.dropped_recv,
+            .clamped = s.clamped,
+            .timed_out = s.err_code != 0,
+            .timeout_peer = s.err_peer,
+            .timeout_phase = s.err_phase,
+        };
+        err_seq = s.err_seq;
+    }
     if (stats)
         *stats = local;
     const char *name = v->desc->name;
@@ -673,7 +737,7 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
                          "(is that rank alive and issuing the same calls?)",
                          name, v->rank, (double)v->timeout_ns / 1e9, local.timeout_peer,
                          phase_names[local.timeout_phase >= 1 && local.timeout_phase <= 3 ? local.timeout_phase : 0],
-                         (unsigned long long)s.err_seq);
+                         (unsigned long long)err_seq);
     if (local.dropped_send || local.dropped_recv || local.invalid || local.clamped)
         return symm_fail(SYMM_ERR_OVERFLOW,
                          "%s: rank %d, dispatch %llu: %d rows sent and %d rows received did not fit "

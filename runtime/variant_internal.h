@@ -1,5 +1,6 @@
 /* variant_internal.h: the state of a created variant, shared by variant.c
- * (native backend) and variant_nccl.c (NCCL backend). Internal. */
+ * (native backend), variant_nccl.c (NCCL backend) and variant_hybrid.c
+ * (hybrid backend). Internal. */
 #ifndef SYMM_VARIANT_INTERNAL_H
 #define SYMM_VARIANT_INTERNAL_H
 
@@ -9,6 +10,7 @@
 #include "symm_variant.h"
 
 struct symm_variant_nccl;
+struct symm_variant_hybrid;
 
 /* Mirror of State in templates/variant.cu.in: the variant's local record of
  * the last dispatch (sequence number, T, statistics, sticky error). */
@@ -59,10 +61,11 @@ struct symm_variant {
     CUdeviceptr scratch;       /* local scratch (desc->scratch_bytes) */
     CUmodule module;           /* part 2: combine */
     CUmodule module_dispatch;  /* part 1: dispatch */
-    CUmodule module_nccl;      /* part 3: the NCCL backend's kernels (that backend only) */
+    CUmodule module_nccl;      /* part 3: the NCCL and hybrid backends' kernels (those backends only) */
     CUfunction fn_dispatch, fn_combine;             /* native backend */
     CUfunction fn_nccl_scatter, fn_nccl_count, fn_nccl_scan, fn_nccl_pack, fn_nccl_gather, fn_count_experts,
-        fn_reduce; /* NCCL backend */
+        fn_reduce; /* NCCL backend (the hybrid uses fn_nccl_gather) */
+    CUfunction fn_hybrid_src, fn_hybrid_sum; /* hybrid backend */
     unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */
     bool profile;              /* created with PROFILE=1 (symm_variant_profile_read) */
@@ -70,6 +73,7 @@ struct symm_variant {
     double jit_ms;
     bool jit_cache_hit;
     struct symm_variant_nccl *nccl; /* NCCL backend state, or NULL */
+    struct symm_variant_hybrid *hybrid; /* hybrid backend state, or NULL */
     /* Called with on_destroy_arg after the variant is freed: symm_variant_open
      * (manifest.c) closes the manifest that owns desc. */
     void (*on_destroy)(void *arg);
@@ -103,6 +107,33 @@ void symm_variant_nccl_release(symm_variant *v);
 symm_status symm_variant_nccl_quiesce(symm_variant *v);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
+
+/* Hybrid backend (variant_hybrid.c), on a world of several hosts, with a
+ * companion created natively on the host world. symm_variant_dispatch and
+ * _combine refuse stream capture (symm_variant_hybrid_refuse_capture) and
+ * check symm_variant_hybrid_failure (sticky after any failed call) first. */
+/* Create's checks before any GPU work (hybrid_plan.h symm_hybrid_check over
+ * the world's host table): the companion of the world's host count. */
+symm_status symm_variant_hybrid_check(symm_world *world, const symm_variant_desc *desc,
+                                      const symm_variant_desc **companion);
+/* Collective: the companion, the buffers, the tables (a symmetric buffer of
+ * the host world on v->host_dev), the NCCL communicator over the world. */
+symm_status symm_variant_hybrid_setup(symm_variant *v, const symm_variant_desc *companion,
+                                      const symm_variant_options *opts);
+void symm_variant_hybrid_release(symm_variant *v);
+symm_status symm_variant_hybrid_refuse_capture(const symm_variant *v, CUstream stream, const char *op);
+symm_status symm_variant_hybrid_failure(const symm_variant *v, const char *op);
+symm_status symm_variant_hybrid_quiesce(symm_variant *v);
+symm_status symm_variant_hybrid_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
+symm_status symm_variant_hybrid_combine(symm_variant *v, const void *y, void *out, CUstream stream);
+/* The companion's buffers with the hybrid's own src. */
+symm_status symm_variant_hybrid_recv(const symm_variant *v, symm_recv_buffers *out);
+/* The merged statistics (this synchronizes stream): the hybrid's T, invalid
+ * ids and clamping, the companion's rows, drops and timeouts (its peer as a
+ * rank of the world). SYMM_OK, or the sticky failure, or a CUDA error. */
+symm_status symm_variant_hybrid_stats(symm_variant *v, CUstream stream, symm_variant_stats *out);
+/* The companion's profile (its kernels do the work inside the host). */
+symm_status symm_variant_hybrid_profile(symm_variant *v, CUstream stream, symm_variant_profile *out);
 
 /* The oldest GPUs the kernels run on: compute capability 9.0 (Hopper). */
 #define SYMM_MIN_CC_MAJOR 9

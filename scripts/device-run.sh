@@ -5,7 +5,13 @@
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
 #        check, simhosts-nccl (2 simulated hosts: NCCL backend at worlds 2
 #        and 4, native refused), companions (check at world 1: the default spec's companions
-#        of one rank), models, nccl, world4, worlds, world8, sanitize, variant,
+#        of one rank), hosts (the hybrid backend on simulated hosts: check
+#        --backend hybrid of the default spec at --sim-hosts 2 -n 2 (with
+#        --time 20 where each rank has a GPU), then --sim-hosts 2 -n 4 and
+#        --sim-hosts 4 -n 4 with the ranks that share a GPU at once under
+#        CUDA MPS (HOSTS_MPS=0: taking turns);
+#        NCCL between ranks that share a GPU over loopback,
+#        --nccl-shared-gpu), models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
@@ -89,7 +95,29 @@ for s in "$@"; do
             --manifest out/default/manifest.json --backend nccl --quick
         step check-w2-native-2hosts-refused 120 bash -c "out=\$($run -n 2 --gpus $gpus --sim-hosts 2 -- $build/tests-gpu/check \
             --manifest out/default/manifest.json --backend native --quick 2>&1); rc=\$?; echo \"\$out\" | tail -n 3; \
-            [ \$rc -ne 0 ] && echo \"\$out\" | grep -q 'the world spans 2 hosts (sim0, sim1): use backend nccl'" ;;
+            [ \$rc -ne 0 ] && echo \"\$out\" | grep -q 'the world spans 2 hosts (sim0, sim1): use backend hybrid'" ;;
+    hosts) # the hybrid backend across simulated hosts (docs/protocol.md "Across hosts")
+        for hw in "2 2" "2 4" "4 4"; do
+            read -r hosts w <<< "$hw"
+            extra=(--sim-hosts "$hosts")
+            [ "$w" -gt "$ngpu" ] && extra+=(--nccl-shared-gpu)
+            if [ "$w" -gt "$ngpu" ] && [ "${HOSTS_MPS:-1}" != 0 ]; then
+                export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+                nvidia-cuda-mps-control -d >> "$out/machine.log" 2>&1
+                step "check-hybrid-h$hosts-n$w-mps" 300 $run -n "$w" --gpus "$gpus" "${extra[@]}" -- \
+                    "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick --skip-unsupported
+                echo quit | nvidia-cuda-mps-control
+                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+            else
+                # One GPU a rank: also 20 timed calls at max_tokens (NCCL over
+                # loopback between the simulated hosts: a floor, not a speed).
+                timed=()
+                [ "$w" -le "$ngpu" ] && timed=(--time 20)
+                step "check-hybrid-h$hosts-n$w" 300 $run -n "$w" --gpus "$gpus" "${extra[@]}" -- \
+                    "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick "${timed[@]}"
+            fi
+        done ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
     nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
@@ -177,7 +205,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

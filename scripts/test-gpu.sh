@@ -15,6 +15,10 @@
 #     can afford);
 #   - with the default spec, its world-2 variants again at both ends of the
 #     tuning knobs' ranges (SYMM_TUNE, docs/api.md "Tuning");
+#   - with the default spec, worlds across simulated hosts (symmrun
+#     --sim-hosts): the NCCL backend, native's refusal, and the hybrid
+#     backend's variants (those with companions) at 2 hosts x 1 rank, 2 x 2
+#     and 4 x 1;
 #   - first, examples/c's moe_example at 2 ranks (BUILD/examples/c).
 # With SYMM_TEST_MPS=1 (make test-gpu MPS=1) the native checks of worlds
 # larger than the GPU count run with every rank a client of a CUDA MPS
@@ -61,27 +65,29 @@ fi
 # also in $native_log. Under MPS where the ranks share GPUs; a variant whose
 # blocks cannot all be resident at once there (the runtime refuses it,
 # SYMM_ERR_UNSUPPORTED, and check --skip-unsupported lists it) runs again
-# with the ranks taking turns. ARGS hold no --variant, or only in $variants.
+# with the ranks taking turns. ARGS hold no --variant, or only in $variants;
+# symmrun gets the options in $run_extra too.
 native_log=
 variants=()
+run_extra=()
 at_once() { [ "$1" -gt "$ngpu" ] && [ ${#shared[@]} -gt 0 ]; } # w: its native check goes under MPS
 native_check() { # w label args...
     local w=$1 label=$2
     shift 2
     native_log=$(mktemp)
     if ! at_once "$w"; then
-        $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${variants[@]}" | tee "$native_log"
+        $run -n "$w" --gpus "$gpus" "${run_extra[@]}" -- "$build/tests-gpu/check" "$@" "${variants[@]}" | tee "$native_log"
         record "${PIPESTATUS[0]}" "$label"
         return
     fi
-    "${shared[@]}" $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${variants[@]}" \
+    "${shared[@]}" $run -n "$w" --gpus "$gpus" "${run_extra[@]}" -- "$build/tests-gpu/check" "$@" "${variants[@]}" \
         --skip-unsupported | tee "$native_log"
     record "${PIPESTATUS[0]}" "$label, ranks at once under MPS"
     local apart=()
     while read -r v; do apart+=(--variant "$v"); done < <(sed -n 's/^\[0\] unsupported \([^ :]*\):.*/\1/p' "$native_log")
     if [ ${#apart[@]} -gt 0 ]; then
         note "the $((${#apart[@]} / 2)) variant(s) too wide to run at once under MPS, the ranks taking turns"
-        $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" "$@" "${apart[@]}"
+        $run -n "$w" --gpus "$gpus" "${run_extra[@]}" -- "$build/tests-gpu/check" "$@" "${apart[@]}"
         record $? "$label, ranks taking turns"
     fi
 }
@@ -183,19 +189,37 @@ if [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/def
     out=$build/gpu-out/default
     for w in 2 4; do
         grep -q "\"world\": $w," "$out/manifest.json" || continue
-        shared=()
-        [ "$w" -gt "$ngpu" ] && shared=(--nccl-shared-gpu)
-        note "default: world $w on 2 simulated hosts, nccl backend ${shared[*]}"
-        $run -n "$w" --gpus "$gpus" --sim-hosts 2 "${shared[@]}" -- "$build/tests-gpu/check" \
+        nccl_shared=()
+        [ "$w" -gt "$ngpu" ] && nccl_shared=(--nccl-shared-gpu)
+        note "default: world $w on 2 simulated hosts, nccl backend ${nccl_shared[*]}"
+        $run -n "$w" --gpus "$gpus" --sim-hosts 2 "${nccl_shared[@]}" -- "$build/tests-gpu/check" \
             --manifest "$out/manifest.json" --backend nccl --quick
-        record $? "check default world $w nccl, 2 simulated hosts ${shared[*]}"
+        record $? "check default world $w nccl, 2 simulated hosts ${nccl_shared[*]}"
     done
+    # The hybrid backend (docs/protocol.md "Across hosts"): the variants with
+    # a companion for the host count, bit for bit against the reference's
+    # hybrid order, at 2 hosts x 1 rank, 2 hosts x 2 ranks and 4 hosts x 1
+    # rank. Ranks sharing a GPU: NCCL between them over loopback
+    # (--nccl-shared-gpu), the companions' kernels at once under MPS where
+    # SYMM_TEST_MPS is on (as the native checks), else taking turns.
+    for hw in "2 2" "2 4" "4 4"; do
+        read -r hosts w <<< "$hw"
+        grep -q "\"world\": $w," "$out/manifest.json" || continue
+        run_extra=(--sim-hosts "$hosts")
+        [ "$w" -gt "$ngpu" ] && run_extra+=(--nccl-shared-gpu)
+        note "default: world $w on $hosts simulated hosts, hybrid backend ${run_extra[*]}$(at_once "$w" && echo ", ranks at once under MPS")"
+        variants=()
+        native_check "$w" "check default world $w hybrid, $hosts simulated hosts" --manifest "$out/manifest.json" \
+            --backend hybrid --quick
+        rm -f "$native_log"
+    done
+    run_extra=()
     note "default: world 2 on 2 simulated hosts, native backend must refuse"
     refusal=$($run -n 2 --gpus "$gpus" --sim-hosts 2 -- "$build/tests-gpu/check" --manifest "$out/manifest.json" \
         --backend native --quick 2>&1)
     rc=$?
     echo "$refusal" | tail -3
-    [ "$rc" -ne 0 ] && echo "$refusal" | grep -q "the world spans 2 hosts (sim0, sim1): use backend nccl"
+    [ "$rc" -ne 0 ] && echo "$refusal" | grep -q "the world spans 2 hosts (sim0, sim1): use backend hybrid"
     record $? "check default world 2 native refused on 2 simulated hosts"
 fi
 # The tuning knobs (docs/api.md "Tuning") at the ends of their ranges: the same

@@ -63,7 +63,7 @@ DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2, "fp8_e4m3": 3}
 DTYPE_SIZES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1}
 LAYOUTS = {"rank": 0, "expert": 1}
 COMBINE_ORDERS = {"rank": 0, "k": 1}
-BACKENDS = {None: 0, "native": 1, "nccl": 2}
+BACKENDS = {None: 0, "native": 1, "nccl": 2, "hybrid": 3}
 # Elements per fp8 scale (SYMM_FP8_BLOCK).
 FP8_BLOCK = 128
 

@@ -1,6 +1,6 @@
 """backends.py: where a Buffer's results live and how its calls run.
 
-Native: the variant in libsymm (native or nccl backend), opened from its
+Native: the variant in libsymm (native, nccl or hybrid backend), opened from its
 manifest on a World; each result is a tensor over the variant's own memory
 (DLPack through ctypes), dispatch and combine the C calls on torch's
 current stream. Reference: symmgen.torch_ref (all_to_all_single over the
@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from . import _lib, torch_ref
+from . import _lib, manifest, torch_ref
 from ._dlpack import device_bytes
 
 # Where each result (and combine_buffer) lives: the field of
@@ -45,7 +45,7 @@ def _raw_stream():
 
 
 class Native:
-    """The variant in libsymm (native or nccl backend)."""
+    """The variant in libsymm (native, nccl or hybrid backend)."""
 
     def __init__(self, world, v, shapes, backend, cache_dir, tune, timeout):
         lib = _lib.lib()
@@ -59,7 +59,12 @@ class Native:
         rb = _lib.RecvBuffers()
         _lib.check(lib.symm_variant_recv(handle, ctypes.byref(rb)))
         index = world.device.index
-        self.sym_range = (rb.x - v.regions["recv_x"][0], rb.x - v.regions["recv_x"][0] + v.symmetric_bytes)
+        # The hybrid's results live in its companion's symmetric buffer
+        # (docs/protocol.md "Across hosts"), laid out as the companion's.
+        sym = v
+        if lib.symm_variant_backend(handle) == _lib.BACKENDS["hybrid"]:
+            sym = manifest.load(v.manifest_path).variant(v.companions[world.host_count])
+        self.sym_range = (rb.x - sym.regions["recv_x"][0], rb.x - sym.regions["recv_x"][0] + sym.symmetric_bytes)
         self.results = {}
         for name, (field, _) in PLACES.items():
             ptr = getattr(rb, field)

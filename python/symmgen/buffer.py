@@ -82,7 +82,9 @@ class Buffer:
              symmgen wrote (or its directory).
     cache_dir: generated specs and JIT cubins (default SYMM_CACHE_DIR, else
              ~/.cache/symmgen).
-    backend: None (SYMM_BACKEND, else native), "native", "nccl", or
+    backend: None (SYMM_BACKEND, else native on one host and hybrid on a
+             world of several), "native", "nccl", "hybrid" (across hosts:
+             NCCL between hosts, NVLink within; not capturable), or
              "reference" (torch_ref over the group: no GPU needed, slow).
     tune:    kernel tuning knobs "NAME=value,..." (README "Tuning").
     timeout: seconds any wait may take (default SYMM_TIMEOUT or 60).
@@ -106,9 +108,9 @@ class Buffer:
         self._world = None
         self._own_world = False
         self._id = None
-        if backend not in (None, "native", "nccl", "reference"):
-            raise ValueError(f"symmgen.Buffer: backend: got {backend!r}, expected None, 'native', 'nccl' "
-                             f"or 'reference'")
+        if backend not in (None, "native", "nccl", "hybrid", "reference"):
+            raise ValueError(f"symmgen.Buffer: backend: got {backend!r}, expected None, 'native', 'nccl', "
+                             f"'hybrid' or 'reference'")
         if isinstance(group, World):
             self._world, self.group = group, group.group
         else:

@@ -91,9 +91,14 @@ typedef struct symm_variant_desc {
 } symm_variant_desc;
 
 typedef enum symm_backend {
-    SYMM_BACKEND_DEFAULT = 0, /* SYMM_BACKEND from the environment, else native */
-    SYMM_BACKEND_NATIVE,      /* generated kernels over NVLink symmetric memory */
+    SYMM_BACKEND_DEFAULT = 0, /* SYMM_BACKEND from the environment, else native on a
+                                 world of one host, hybrid on a world of several */
+    SYMM_BACKEND_NATIVE,      /* generated kernels over NVLink symmetric memory (one host) */
     SYMM_BACKEND_NCCL,        /* NCCL send/receive (needs host counts; not capturable) */
+    SYMM_BACKEND_HYBRID,      /* across hosts: NCCL between hosts, the native kernels of the
+                                 variant's companion within each (docs/protocol.md "Across
+                                 hosts"; needs host counts; not capturable). Refused on a
+                                 world of one host (native serves it). */
 } symm_backend;
 
 typedef struct symm_variant_options {
@@ -171,6 +176,9 @@ typedef struct symm_recv_buffers {
                                  for combine's y in the symmetric buffer; else 0 */
 } symm_recv_buffers;
 
+/* The hybrid backend hands out its companion's buffers (its rows, in the
+ * order docs/protocol.md "Across hosts" gives) with src of its own:
+ * {source rank in the world, source token, k or -1, 0}. */
 symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out);
 
 /* Per-call statistics of the last dispatch and the sticky device error. */
@@ -198,6 +206,11 @@ typedef struct symm_variant_stats {
  * dispatch itself returns SYMM_ERR_TIMEOUT (NCCL cannot say which peer is
  * missing), sticky in the same way: every later dispatch, combine and
  * stats_read returns it (stats: timed_out set, timeout_peer -1, the rest 0).
+ * The hybrid backend (across hosts) counts invalid ids and clamping at the
+ * source, rows and drops in its companion: a row dropped at its destination
+ * counts in dropped_send of the rank that forwarded it (the source's peer
+ * of the same local index on the row's host), and a device timeout names a
+ * rank of the world; any failed call is sticky as the NCCL backend's.
  * stats may be NULL. */
 symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
 

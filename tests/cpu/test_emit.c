@@ -328,7 +328,7 @@ static const char fixture_c[] =
 #define FIXTURE_PART(name) "__global__ void " name "_{{NAME}}() {}\n"
 static const char part_primitives[] = FIXTURE_PART("primitives"), part_routing[] = FIXTURE_PART("routing"),
                   part_dispatch[] = FIXTURE_PART("dispatch"), part_combine[] = FIXTURE_PART("combine"),
-                  part_nccl[] = FIXTURE_PART("nccl");
+                  part_nccl[] = FIXTURE_PART("nccl"), part_hybrid[] = FIXTURE_PART("hybrid");
 /* The description's fields (a stub's, and each companion's). */
 static const char fixture_desc[] = "    .name = \"{{NAME}}\",\n";
 static const sg_template fixture_table[] = {
@@ -341,6 +341,7 @@ static const sg_template fixture_table[] = {
     {"templates/cu/dispatch.cu.in", part_dispatch, sizeof part_dispatch - 1},
     {"templates/cu/combine.cu.in", part_combine, sizeof part_combine - 1},
     {"templates/cu/nccl.cu.in", part_nccl, sizeof part_nccl - 1},
+    {"templates/cu/hybrid.cu.in", part_hybrid, sizeof part_hybrid - 1},
     {NULL, NULL, 0},
 };
 
@@ -370,7 +371,7 @@ Test(generate, header_hashes_and_embedded_source_agree)
               "no #line after the header:\n%s", g.cu.data);
     /* The parts follow in their order, each after a #line naming it. */
     const char *at = g.cu.data;
-    static const char *const parts[] = {"primitives", "routing", "dispatch", "combine", "nccl"};
+    static const char *const parts[] = {"primitives", "routing", "dispatch", "combine", "nccl", "hybrid"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         FMT(want, "#line 1 \"templates/cu/%s.cu.in\"\n__global__ void %s_%s() {}\n", parts[i], parts[i], v.name);
         const char *found = strstr(at, want);

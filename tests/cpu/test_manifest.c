@@ -1535,6 +1535,65 @@ Test(manifest, variant_create_refuses_a_timeout_out_of_range)
     wf_rmtree(dir);
 }
 
+/* The backend is picked before any GPU work: SYMM_BACKEND's unknown value
+ * is refused listing native, nccl and hybrid, and hybrid (by the
+ * environment or the options) on a world of one host is refused saying
+ * that native serves it; all without a GPU. */
+Test(manifest, variant_create_picks_the_backend_before_the_gpu)
+{
+    char dir[128];
+    wf_tempdir(dir, sizeof dir);
+    symm_world_config cfg = {.size = 1, .job_id = "solo-backend", .socket_dir = dir};
+    symm_world *w;
+    cr_assert_eq(symm_world_create(&cfg, &w), SYMM_OK, "%s", symm_last_error());
+    symm_manifest *m;
+    const symm_variant_desc *d;
+    cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
+    cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &d), SYMM_OK, "%s", symm_last_error());
+    symm_variant_desc solo = *d;
+    solo.world = 1;
+    char *source = strdup(d->source), *world = strstr(source, "\nconstexpr int WORLD = 2;");
+    cr_assert(world, "the fixture source has no WORLD = 2");
+    world[sizeof "\nconstexpr int WORLD = " - 1] = '1';
+    solo.source = source;
+    symm_variant *v = (symm_variant *)1;
+
+    setenv("SYMM_BACKEND", "nvlink", 1);
+    symm_status st = symm_variant_create(w, &solo, NULL, &v);
+    cr_assert_eq(st, SYMM_ERR_INVALID_ARG, "SYMM_BACKEND=nvlink: got %s (%s)", symm_status_name(st),
+                 symm_last_error());
+    cr_assert(strstr(symm_last_error(), "SYMM_BACKEND=\"nvlink\": expected native, nccl or hybrid"),
+              "the message should list the accepted values: %s", symm_last_error());
+    cr_assert_null(v);
+
+    setenv("SYMM_BACKEND", "hybrid", 1);
+    v = (symm_variant *)1;
+    st = symm_variant_create(w, &solo, NULL, &v);
+    cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "SYMM_BACKEND=hybrid on one host: got %s (%s)", symm_status_name(st),
+                 symm_last_error());
+    cr_assert(strstr(symm_last_error(), "backend hybrid") && strstr(symm_last_error(), "on one host") &&
+                  strstr(symm_last_error(), "use backend native"),
+              "the message should say that native serves one host: %s", symm_last_error());
+    cr_assert_null(v);
+
+    unsetenv("SYMM_BACKEND");
+    symm_variant_options opts = {.backend = SYMM_BACKEND_HYBRID};
+    v = (symm_variant *)1;
+    st = symm_variant_create(w, &solo, &opts, &v);
+    cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "SYMM_BACKEND_HYBRID on one host: got %s (%s)", symm_status_name(st),
+                 symm_last_error());
+    cr_assert(strstr(symm_last_error(), "use backend native"), "%s", symm_last_error());
+    cr_assert_null(v);
+    opts.backend = (symm_backend)(SYMM_BACKEND_HYBRID + 1);
+    st = symm_variant_create(w, &solo, &opts, &v);
+    cr_assert_eq(st, SYMM_ERR_INVALID_ARG);
+    cr_assert(strstr(symm_last_error(), "SYMM_BACKEND_NCCL or SYMM_BACKEND_HYBRID"), "%s", symm_last_error());
+    free(source);
+    symm_manifest_close(m);
+    symm_world_destroy(w);
+    wf_rmtree(dir);
+}
+
 /* symm_desc_check_source: the fixture's descriptor agrees with its source;
  * each parameter and each region's offset and bytes changed alone is refused
  * naming that field, and a source without a constant says which. */

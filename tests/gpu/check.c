@@ -7,13 +7,18 @@
  * inputs and T read from device memory.
  *
  * usage: check --manifest out/default/manifest.json [--variant NAME]...
- *              [--backend native|nccl] [--quick] [--graph-replays N] [--seed S]
+ *              [--backend native|nccl|hybrid] [--quick] [--graph-replays N] [--seed S]
  *              [--time N [--time-only]] [--max-elems N] [--skip-unsupported]
  * --time N times N calls at max_tokens after the matrix (and checks the last);
  * --time-only skips the matrix. --skip-unsupported: a variant whose create
  * is refused as SYMM_ERR_UNSUPPORTED (here: ranks sharing a GPU under CUDA
  * MPS that cannot all be resident at once) is listed as "unsupported NAME:
  * why" instead of failing; scripts/test-gpu.sh runs it again time-sliced.
+ * --backend hybrid (a world of several hosts, symmrun --sim-hosts): the
+ * variants with a companion for the world's host count, against the CPU
+ * reference's hybrid order (symm_ref_config.hosts); a drop is counted at
+ * the proxy that forwarded the row, so rows sent and dropped are compared
+ * as the world's sum; dispatch during stream capture must be refused.
  * Prints "check: N passed, M failed" (rank 0) and exits 1 on any failure. */
 #include <cuda.h>
 #include <inttypes.h>
@@ -34,6 +39,22 @@
 #define POISON 0xA5
 
 static int g_rank;
+static symm_world *g_world;
+static symm_backend g_backend;
+static int g_hosts; /* --backend hybrid: the world's hosts (the reference's order); else 0 */
+
+static const char *backend_name(symm_backend b)
+{
+    return b == SYMM_BACKEND_NCCL ? "nccl" : b == SYMM_BACKEND_HYBRID ? "hybrid" : "native";
+}
+
+/* The reference's configuration of variant d for the backend under test. */
+static symm_ref_config ref_config(const symm_variant_desc *d)
+{
+    symm_ref_config cfg = moe_ref_config(d);
+    cfg.hosts = g_hosts;
+    return cfg;
+}
 
 static void die(const char *what, symm_status st)
 {
@@ -305,7 +326,7 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
 {
     const symm_variant_desc *d = wc->d;
     const int W = d->world;
-    const symm_ref_config cfg = moe_ref_config(d);
+    const symm_ref_config cfg = ref_config(d);
     moe_rng tr = moe_rng_for(wc->seed, (uint64_t)case_id, 777);
     for (int p = 0; p < W; p++) {
         make_inputs(d, wc->seed, case_id, p, how, tokens_for(d, batch_kind, p, &tr), wc->zipf_cdf, &hc->in[p]);
@@ -432,13 +453,31 @@ static void check_results(world_case *wc, host_case *hc, failures *f)
     const symm_variant_desc *d = wc->d;
     symm_variant_stats st;
     symm_status s = symm_variant_stats_read(wc->v, wc->stream, &st);
-    const bool want_overflow = hc->stats[g_rank].invalid || hc->stats[g_rank].dropped || hc->recv[g_rank].dropped;
+    symm_ref_send_stats send = hc->stats[g_rank];
+    if (g_backend == SYMM_BACKEND_HYBRID) {
+        /* The companion counts a row dropped at its destination at the
+         * proxy that forwarded it, not at its source: the world's sums must
+         * agree (every rank takes part in the all-gather). */
+        int mine = st.dropped_send, all[SYMM_REF_MAX_WORLD];
+        symm_status gs = symm_world_allgather(g_world, &mine, all, sizeof mine);
+        if (gs != SYMM_OK)
+            die("symm_world_allgather", gs);
+        int64_t got = 0, want = 0;
+        for (int p = 0; p < wc->d->world; p++) {
+            got += all[p];
+            want += hc->stats[p].dropped;
+        }
+        if (got != want)
+            fail(f, "rows sent and dropped, over the world: got %" PRId64 ", want %" PRId64, got, want);
+        send.dropped = st.dropped_send;
+    }
+    const bool want_overflow = send.invalid || send.dropped || hc->recv[g_rank].dropped;
     if (s != (want_overflow ? SYMM_ERR_OVERFLOW : SYMM_OK))
         fail(f, "stats: got %s (%s), want %s", symm_status_name(s), symm_last_error(),
              want_overflow ? "SYMM_ERR_OVERFLOW" : "SYMM_OK");
     if (st.timed_out)
         return;
-    compare_dispatch(f, d, wc->v, &hc->recv[g_rank], &hc->stats[g_rank], &st);
+    compare_dispatch(f, d, wc->v, &hc->recv[g_rank], &send, &st);
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
     const size_t T = (size_t)hc->in[g_rank].tokens;
     void *out = dget(wc->dev.out, T * crow);
@@ -475,7 +514,7 @@ typedef struct options {
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: check --manifest PATH [--variant NAME]... [--backend native|nccl] [--quick] "
+    fprintf(stderr, "usage: check --manifest PATH [--variant NAME]... [--backend native|nccl|hybrid] [--quick] "
                     "[--graph-replays N] [--time N [--time-only]] [--max-elems N] [--seed S] "
                     "[--skip-unsupported]\n");
     exit(2);
@@ -499,6 +538,8 @@ static void parse(int argc, char **argv, options *o)
                 o->backend = SYMM_BACKEND_NATIVE;
             else if (!strcmp(next, "nccl"))
                 o->backend = SYMM_BACKEND_NCCL;
+            else if (!strcmp(next, "hybrid"))
+                o->backend = SYMM_BACKEND_HYBRID;
             else
                 usage();
         } else if (!strcmp(a, "--quick"))
@@ -711,6 +752,27 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
             failed += run_case(w, &wc, ++case_id, R_ONE_RANK, batch, o->seed);
             cases++;
         }
+    /* The hybrid routes on the host: a dispatch during capture is refused,
+     * saying so, and leaves the variant usable (the matrix ran before). */
+    if (o->backend == SYMM_BACKEND_HYBRID && !o->time_only) {
+        failures f = {0};
+        CUgraph graph;
+        symm_dispatch_args none = {.tokens = 0};
+        CU(cuStreamBeginCapture(wc.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+        st = symm_variant_dispatch(wc.v, &none, wc.stream);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", symm_last_error());
+        CU(cuStreamEndCapture(wc.stream, &graph));
+        if (graph)
+            CU(cuGraphDestroy(graph));
+        if (st != SYMM_ERR_STATE || !strstr(msg, "CUDA graph capture"))
+            fail(&f, "dispatch during capture: got %s (%s), want SYMM_ERR_STATE naming the capture",
+                 symm_status_name(st), msg);
+        if (f.count)
+            fprintf(stderr, "FAIL %s rank %d capture: %s\n", d->name, g_rank, f.first);
+        failed += world_failures(w, f.count) != 0;
+        cases++;
+    }
     /* Graph: dispatch + combine captured once, replayed with fresh inputs and
      * T from device memory each time. */
     int replays = o->backend == SYMM_BACKEND_NATIVE ? (o->quick ? o->graph_replays / 10 : o->graph_replays) : 0;
@@ -772,6 +834,9 @@ int main(int argc, char **argv)
     if (st != SYMM_OK)
         die("symm_world_create_from_env", st);
     g_rank = symm_world_rank(w);
+    g_world = w;
+    g_backend = o.backend;
+    g_hosts = o.backend == SYMM_BACKEND_HYBRID ? symm_world_host_count(w) : 0;
     if (!o.seed) {
         uint64_t s = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
         if ((st = symm_world_bcast(w, &s, sizeof s, 0)) != SYMM_OK)
@@ -801,6 +866,17 @@ int main(int argc, char **argv)
             skipped++;
             continue;
         }
+        /* The hybrid serves the variants with a companion of this host count
+         * (a companion itself is a native variant of one host). */
+        if (o.backend == SYMM_BACKEND_HYBRID) {
+            bool has = false;
+            for (int c = 0; c < d->n_companions; c++)
+                has |= d->companions[c].hosts == g_hosts;
+            if (d->hosts || !has) {
+                skipped++;
+                continue;
+            }
+        }
         if (o.max_elems && (long long)d->max_tokens * d->hidden > o.max_elems) {
             if (g_rank == 0)
                 printf("skip %-28s max_tokens x hidden = %lld > --max-elems %lld\n", name,
@@ -819,7 +895,7 @@ int main(int argc, char **argv)
         }
         if (g_rank == 0)
             printf("%s %-28s %d/%d cases (%s backend, %.1f s)\n", bad ? "FAIL" : "ok  ", name, cases - bad, cases,
-                   o.backend == SYMM_BACKEND_NCCL ? "nccl" : "native",
+                   backend_name(o.backend),
                    (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
         passed += cases - bad;
         failed += bad;
@@ -827,9 +903,10 @@ int main(int argc, char **argv)
     }
     symm_manifest_close(m);
     if (g_rank == 0)
-        printf("check (world %d, seed 0x%" PRIx64 ", %d variants of other worlds and %d too large skipped%s): "
+        printf("check (world %d, seed 0x%" PRIx64 ", %d variants of other worlds%s and %d too large skipped%s): "
                "%d passed, %d failed\n",
-               symm_world_size(w), o.seed, skipped, too_large,
+               symm_world_size(w), o.seed, skipped,
+               o.backend == SYMM_BACKEND_HYBRID ? " or without a companion for these hosts" : "", too_large,
                unsupported ? ", some unsupported here (listed above)" : "", passed, failed);
     /* Nothing run is not a pass: a world no variant of the selection has. */
     const bool none = passed + failed == 0 && too_large == 0 && unsupported == 0;

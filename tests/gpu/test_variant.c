@@ -1424,8 +1424,8 @@ Test(variant, unknown_symm_backend_is_refused_listing_the_accepted_values)
     cr_assert(st == SYMM_ERR_INVALID_ARG && v == NULL,
               "rank %d: SYMM_BACKEND=%s: got %s (%s) and %s variant, expected SYMM_ERR_INVALID_ARG and none",
               t.c.rank, value, symm_status_name(st), msg, v ? "a" : "no");
-    cr_assert(strstr(msg, "SYMM_BACKEND") && strstr(msg, value) && strstr(msg, "native or nccl"),
-              "rank %d: the message should name SYMM_BACKEND, its value %s and list \"native or nccl\": %s",
+    cr_assert(strstr(msg, "SYMM_BACKEND") && strstr(msg, value) && strstr(msg, "native, nccl or hybrid"),
+              "rank %d: the message should name SYMM_BACKEND, its value %s and list \"native, nccl or hybrid\": %s",
               t.c.rank, value, msg);
 
     /* A retry starts clean: the default is native again. */

@@ -17,7 +17,8 @@ CC = os.environ.get("CC", "cc")
 ENUMS = {**{f"SYMM_DTYPE_{k.upper()}": v for k, v in _lib.DTYPES.items()},
          **{f"SYMM_LAYOUT_{k.upper()}": v for k, v in _lib.LAYOUTS.items()},
          "SYMM_BACKEND_DEFAULT": _lib.BACKENDS[None], "SYMM_BACKEND_NATIVE": _lib.BACKENDS["native"],
-         "SYMM_BACKEND_NCCL": _lib.BACKENDS["nccl"], "SYMM_FP8_BLOCK": _lib.FP8_BLOCK,
+         "SYMM_BACKEND_NCCL": _lib.BACKENDS["nccl"], "SYMM_BACKEND_HYBRID": _lib.BACKENDS["hybrid"],
+         "SYMM_FP8_BLOCK": _lib.FP8_BLOCK,
          **{f"SYMM_COMBINE_ORDER_{k.upper()}": v for k, v in _lib.COMBINE_ORDERS.items()}}
 
 
