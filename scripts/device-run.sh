@@ -11,7 +11,8 @@
 #        --sim-hosts 4 -n 4 with the ranks that share a GPU at once under
 #        CUDA MPS (HOSTS_MPS=0: taking turns);
 #        NCCL between ranks that share a GPU over loopback,
-#        --nccl-shared-gpu), models, nccl, world4, worlds, world8, sanitize, variant,
+#        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
+#        models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
@@ -131,6 +132,9 @@ for s in "$@"; do
                 --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2 \
                 --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2 --variant bf16_expert_order_k_w2
         done ;;
+    sanitize-hybrid) # the hybrid backend's kernels (and the companion's) under memcheck, 2 simulated hosts
+        step sanitizer-memcheck-hybrid 300 $run -n 2 --gpus "$gpus" --sim-hosts 2 -- compute-sanitizer --tool memcheck \
+            --error-exitcode 9 "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick ;;
     variant)
         for n in 2 4; do
             step test_variant-n$n 180 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n $n --gpus "$gpus" -- "$build/tests-gpu/test_variant" --jobs 1
