@@ -3,8 +3,8 @@
 # Criterion: binaries are built here and carried with their libraries, see
 # shared/device/README.md). Writes logs under $OUT and prints a summary.
 # usage: scripts/device-run.sh BUILD_DIR STEP...   steps: runtime, check-quick,
-#        check, simhosts-nccl (2 simulated hosts: NCCL backend at worlds 2
-#        and 4, native refused), companions (check at world 1: the default spec's companions
+#        check, simhosts-nccl (simulated hosts: NCCL backend at 2 hosts x 1
+#        and x 2 ranks and 4 hosts x 1, native refused), companions (check at world 1: the default spec's companions
 #        of one rank), hosts (the hybrid backend on simulated hosts: check
 #        --backend hybrid of the default spec at --sim-hosts 2 -n 2 (with
 #        --time 20 where each rank has a GPU), then --sim-hosts 2 -n 4 and
@@ -93,6 +93,8 @@ for s in "$@"; do
             --manifest out/default/manifest.json --backend nccl --quick
         shared=(); [ "$ngpu" -lt 4 ] && shared=(--nccl-shared-gpu)
         step check-w4-nccl-2hosts 300 $run -n 4 --gpus "$gpus" --sim-hosts 2 "${shared[@]}" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --backend nccl --quick
+        step check-w4-nccl-4hosts 300 $run -n 4 --gpus "$gpus" --sim-hosts 4 "${shared[@]}" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --backend nccl --quick
         step check-w2-native-2hosts-refused 120 bash -c "out=\$($run -n 2 --gpus $gpus --sim-hosts 2 -- $build/tests-gpu/check \
             --manifest out/default/manifest.json --backend native --quick 2>&1); rc=\$?; echo \"\$out\" | tail -n 3; \

@@ -187,14 +187,15 @@ done
 # native one must refuse, naming the hosts.
 if [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
     out=$build/gpu-out/default
-    for w in 2 4; do
+    for hw in "2 2" "2 4" "4 4"; do
+        read -r h w <<< "$hw"
         grep -q "\"world\": $w," "$out/manifest.json" || continue
         nccl_shared=()
         [ "$w" -gt "$ngpu" ] && nccl_shared=(--nccl-shared-gpu)
-        note "default: world $w on 2 simulated hosts, nccl backend ${nccl_shared[*]}"
-        $run -n "$w" --gpus "$gpus" --sim-hosts 2 "${nccl_shared[@]}" -- "$build/tests-gpu/check" \
+        note "default: world $w on $h simulated hosts, nccl backend ${nccl_shared[*]}"
+        $run -n "$w" --gpus "$gpus" --sim-hosts "$h" "${nccl_shared[@]}" -- "$build/tests-gpu/check" \
             --manifest "$out/manifest.json" --backend nccl --quick
-        record $? "check default world $w nccl, 2 simulated hosts ${nccl_shared[*]}"
+        record $? "check default world $w nccl, $h simulated hosts ${nccl_shared[*]}"
     done
     # The hybrid backend (docs/protocol.md "Across hosts"): the variants with
     # a companion for the host count, bit for bit against the reference's
