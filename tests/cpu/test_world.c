@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "symm_world.h"
+#include "world_expect.h"
 #include "world_fork.h"
 
 TestSuite(world, .fini = wf_cleanup_tempdirs);
@@ -60,45 +61,12 @@ static void socket_path(const world_test *t, char *buf, size_t n)
     cr_assert(len > 0 && (size_t)len < n, "socket path too long");
 }
 
-/* Report a failed call of the library with its status and message. */
-static int failed_call(wf_result *res, const char *what, symm_status st)
-{
-    return wf_failf(res, "%s: %s: %s", what, symm_status_name(st), symm_last_error());
-}
-
 /* Rank i joins t's world; 1 (with res->msg saying why) when it cannot. */
 static int join(const world_test *t, int i, wf_result *res, symm_world **w)
 {
     symm_world_config cfg = cfg_of(t, i);
     symm_status st = symm_world_create(&cfg, w);
-    return st ? failed_call(res, "symm_world_create", st) : 0;
-}
-
-/* Record the failure a rank expects (status and message) for the parent. */
-static int record(wf_result *res, symm_status st, double t0)
-{
-    res->status = (int)st;
-    res->elapsed_s = wf_now() - t0;
-    snprintf(res->msg, sizeof res->msg, "%s", st ? symm_last_error() : "");
-    return 0;
-}
-
-static void expect_status(const wf_result *r, int i, symm_status want, const char *needle)
-{
-    cr_assert(r[i].done, "rank %d did not finish: %s", i, r[i].msg);
-    cr_assert_eq(r[i].code, 0, "rank %d: %s", i, r[i].msg);
-    cr_assert_eq(r[i].status, (int)want, "rank %d: got %s (%s), expected %s", i,
-                 symm_status_name((symm_status)r[i].status), r[i].msg, symm_status_name(want));
-    if (needle)
-        cr_assert(strstr(r[i].msg, needle), "rank %d: message \"%s\" lacks \"%s\"", i, r[i].msg, needle);
-}
-
-static void expect_success(const wf_result *r, int n)
-{
-    for (int i = 0; i < n; i++) {
-        cr_assert(r[i].done, "rank %d did not finish: %s", i, r[i].msg);
-        cr_assert_eq(r[i].code, 0, "rank %d: %s", i, r[i].msg);
-    }
+    return st ? wf_failed_call(res, "symm_world_create", st) : 0;
 }
 
 /* --- every collective among 2, 3 and 8 ranks -------------------------------- */
@@ -112,7 +80,7 @@ static int check_allgather(symm_world *w, const world_test *t, size_t bytes, wf_
     memset(recv, 0xa5, bytes * (size_t)n);
     symm_status st = symm_world_allgather(w, send, recv, bytes);
     if (st)
-        code = failed_call(res, "symm_world_allgather", st);
+        code = wf_failed_call(res, "symm_world_allgather", st);
     for (int r = 0; r < n && !code; r++) {
         wf_fill(want, bytes, t->seed, (uint64_t)r, bytes);
         if (memcmp(recv + (size_t)r * bytes, want, bytes))
@@ -135,7 +103,7 @@ static int check_bcast(symm_world *w, const world_test *t, wf_result *res)
     else
         wf_fill(buf, bytes, t->seed, 2000 + (uint64_t)me, 7);
     symm_status st = symm_world_bcast(w, buf, bytes, root);
-    int code = st ? failed_call(res, "symm_world_bcast", st)
+    int code = st ? wf_failed_call(res, "symm_world_bcast", st)
                : memcmp(buf, want, bytes) ? wf_failf(res, "bcast from rank %d: rank %d got other bytes", root, me)
                                           : 0;
     free(buf);
@@ -151,7 +119,7 @@ static int check_barrier(symm_world *w, const world_test *t, wf_result *res, wf_
     res->flag = 1;
     symm_status st = symm_world_barrier(w);
     if (st)
-        return failed_call(res, "symm_world_barrier", st);
+        return wf_failed_call(res, "symm_world_barrier", st);
     for (int r = 0; r < t->size; r++)
         if (!all[r].flag)
             return wf_failf(res, "rank %d left the barrier before rank %d arrived", me, r);
@@ -174,7 +142,7 @@ static int check_allgather_fd(symm_world *w, const world_test *t, wf_result *res
         return wf_failf(res, "write token: %s", strerror(errno));
     int fds[8];
     symm_status st = symm_world_allgather_fd(w, fd, fds);
-    int code = st ? failed_call(res, "symm_world_allgather_fd", st) : 0;
+    int code = st ? wf_failed_call(res, "symm_world_allgather_fd", st) : 0;
     struct stat own, got;
     fstat(fd, &own);
     for (int r = 0; r < n && !code; r++) {
@@ -230,7 +198,7 @@ ParameterizedTest(int *size, world, collectives_among_forked_ranks)
     world_test t;
     setup(&t, *size, 5);
     wf_result *r = wf_run(t.size, rank_collectives, &t, 20);
-    expect_success(r, t.size);
+    wf_expect_success(r, t.size);
     wf_free(r, t.size);
     wf_rmtree(t.dir);
 }
@@ -292,7 +260,7 @@ static int rank_maybe_absent(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     double t0 = wf_now();
     symm_status st = symm_world_create(&cfg, &w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     symm_world_destroy(w);
     return st == SYMM_OK ? wf_failf(res, "rank %d: create succeeded without every rank", i) : 0;
 }
@@ -305,7 +273,7 @@ static void check_missing(unsigned absent, const char *needle)
     for (int i = 0; i < 4; i++) {
         if (absent & (1u << i))
             continue;
-        expect_status(r, i, SYMM_ERR_TIMEOUT, needle);
+        wf_expect_status(r, i, SYMM_ERR_TIMEOUT, needle);
         cr_assert(r[i].elapsed_s > 1.8 && r[i].elapsed_s < 3.5, "rank %d gave up after %.2f s, timeout 2 s", i,
                   r[i].elapsed_s);
     }
@@ -371,18 +339,18 @@ static int rank_or_intruder(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     double t0 = wf_now();
     symm_status st = symm_world_create(&cfg, &w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     if (i >= 3) {
         symm_world_destroy(w);
         return st == SYMM_OK ? wf_failf(res, "intruder %d was let in", i) : 0;
     }
     if (st)
-        return failed_call(res, "symm_world_create", st);
+        return wf_failed_call(res, "symm_world_create", st);
     uint32_t mine = (uint32_t)i * 7919u, got[3];
     st = symm_world_allgather(w, &mine, got, sizeof mine);
     symm_world_destroy(w);
     if (st)
-        return failed_call(res, "symm_world_allgather", st);
+        return wf_failed_call(res, "symm_world_allgather", st);
     for (int r = 0; r < 3; r++)
         if (got[r] != (uint32_t)r * 7919u)
             return wf_failf(res, "rank %d: wrong value from rank %d", i, r);
@@ -394,13 +362,13 @@ Test(world, wrong_secret_is_refused_and_the_right_ranks_still_join)
     world_test t;
     setup(&t, 3, 3);
     wf_result *r = wf_run(7, rank_or_intruder, &t, 15);
-    expect_success(r, 3);
+    wf_expect_success(r, 3);
     for (int i = 0; i < 3; i++)
         cr_assert(r[i].elapsed_s < 1.4, "rank %d needed %.2f s: the intruders held it up", i, r[i].elapsed_s);
-    expect_status(r, 3, SYMM_ERR_PEER, "symm_world_create: rank 0 refused this rank (1): wrong job secret");
+    wf_expect_status(r, 3, SYMM_ERR_PEER, "symm_world_create: rank 0 refused this rank (1): wrong job secret");
     cr_assert(r[3].elapsed_s < 1.5, "the refused rank waited %.2f s", r[3].elapsed_s);
-    expect_status(r, 4, SYMM_ERR_PEER, "world size 4 here, 3 at rank 0");
-    expect_success(r + 5, 2);
+    wf_expect_status(r, 4, SYMM_ERR_PEER, "world size 4 here, 3 at rank 0");
+    wf_expect_success(r + 5, 2);
     wf_free(r, 7);
     wf_rmtree(t.dir);
 }
@@ -419,12 +387,12 @@ static int rank_derived_secret(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     double t0 = wf_now();
     symm_status st = symm_world_create(&cfg, &w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     if (st == SYMM_OK)
         st = symm_world_barrier(w);
     symm_world_destroy(w);
     if (i < 2 && st)
-        return failed_call(res, "derived secret", st);
+        return wf_failed_call(res, "derived secret", st);
     return 0;
 }
 
@@ -433,8 +401,8 @@ Test(world, derived_secret_joins_and_an_explicit_one_is_refused)
     world_test t;
     setup(&t, 2, 3);
     wf_result *r = wf_run(3, rank_derived_secret, &t, 10);
-    expect_success(r, 2);
-    expect_status(r, 2, SYMM_ERR_PEER, "wrong job secret");
+    wf_expect_success(r, 2);
+    wf_expect_status(r, 2, SYMM_ERR_PEER, "wrong job secret");
     wf_free(r, 3);
     wf_rmtree(t.dir);
 }
@@ -468,7 +436,7 @@ static int rank_until_killed(int i, void *arg, wf_result *res, wf_result *all)
     symm_status st = SYMM_OK;
     for (int k = 0; k < 100000 && st == SYMM_OK; k++)
         st = symm_world_allgather(w, send, recv, bytes);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     symm_world_destroy(w);
     free(send);
     free(recv);
@@ -487,7 +455,7 @@ static void check_killed(int victim)
     for (int i = 0; i < 3; i++) {
         if (i == victim)
             continue;
-        expect_status(r, i, SYMM_ERR_PEER, needle);
+        wf_expect_status(r, i, SYMM_ERR_PEER, needle);
         cr_assert(r[i].elapsed_s < 2.0, "rank %d learned of the death after %.2f s (timeout 5 s)", i,
                   r[i].elapsed_s);
     }
@@ -512,7 +480,7 @@ static int rank_late(int i, void *arg, wf_result *res, wf_result *all)
         wf_sleep(t->timeout + 1);
     double t0 = wf_now();
     symm_status st = symm_world_barrier(w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     symm_world_destroy(w);
     return 0;
 }
@@ -522,10 +490,10 @@ Test(world, late_rank_in_a_collective_times_out_naming_it)
     world_test t;
     setup(&t, 3, 1);
     wf_result *r = wf_run(3, rank_late, &t, 10);
-    expect_status(r, 0, SYMM_ERR_TIMEOUT, "symm_world_barrier: rank 2 did not arrive within 1 s");
-    expect_status(r, 1, SYMM_ERR_TIMEOUT, "symm_world_barrier: rank 2 did not arrive within 1 s");
+    wf_expect_status(r, 0, SYMM_ERR_TIMEOUT, "symm_world_barrier: rank 2 did not arrive within 1 s");
+    wf_expect_status(r, 1, SYMM_ERR_TIMEOUT, "symm_world_barrier: rank 2 did not arrive within 1 s");
     cr_assert(r[0].elapsed_s > 0.9 && r[0].elapsed_s < 2.0, "rank 0 gave up after %.2f s", r[0].elapsed_s);
-    expect_status(r, 2, SYMM_ERR_TIMEOUT, "rank 2 did not arrive");
+    wf_expect_status(r, 2, SYMM_ERR_TIMEOUT, "rank 2 did not arrive");
     wf_free(r, 3);
     wf_rmtree(t.dir);
 }
@@ -590,7 +558,7 @@ static int rank_stall(int i, void *arg, wf_result *res, wf_result *all)
         }
         double t0 = wf_now();
         if (!code) {
-            record(res, bcast ? symm_world_bcast(w, recv, bytes, 0) : symm_world_allgather(w, send, recv, bytes), t0);
+            wf_record(res, bcast ? symm_world_bcast(w, recv, bytes, 0) : symm_world_allgather(w, send, recv, bytes), t0);
         }
         if (other)
             kill(other, SIGKILL);
@@ -606,7 +574,7 @@ static void check_stall(int kind, int rank, const char *needle)
     stall_arg a = {.kind = kind};
     setup(&a.t, 2, 1);
     wf_result *r = wf_run(2, rank_stall, &a, 20);
-    expect_status(r, rank, SYMM_ERR_TIMEOUT, needle);
+    wf_expect_status(r, rank, SYMM_ERR_TIMEOUT, needle);
     cr_assert(r[rank].elapsed_s > 0.9 && r[rank].elapsed_s < 3.0, "rank %d gave up after %.2f s", rank,
               r[rank].elapsed_s);
     wf_free(r, 2);
@@ -657,7 +625,7 @@ static int rank_mismatch(int i, void *arg, wf_result *res, wf_result *all)
         st = symm_world_bcast(w, send, sizeof send, i == 2 ? 7 : 0);
     else
         st = symm_world_allgather(w, send, recv, m->kind == 0 && i == 2 ? 32 : 64);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     /* The world stays failed: the next call says so at once. */
     symm_status again = symm_world_barrier(w);
     symm_world_destroy(w);
@@ -673,7 +641,7 @@ static void check_mismatch(int kind, symm_status want, const char *needle)
     setup(&m.t, 3, 3);
     wf_result *r = wf_run(3, rank_mismatch, &m, 15);
     for (int i = 0; i < 3; i++) {
-        expect_status(r, i, want, needle);
+        wf_expect_status(r, i, want, needle);
         cr_assert(r[i].elapsed_s < 1.5, "rank %d needed %.2f s to see it", i, r[i].elapsed_s);
     }
     wf_free(r, 3);
@@ -795,7 +763,7 @@ static int rank_or_observer(int i, void *arg, wf_result *res, wf_result *all)
     symm_status st = symm_world_barrier(w);
     symm_world_destroy(w);
     if (st)
-        return failed_call(res, "symm_world_barrier", st);
+        return wf_failed_call(res, "symm_world_barrier", st);
     if (i == 0 && socket_mode_at_bind != 0600)
         return wf_failf(res, "bind created the socket with mode %04o under umask 0, expected 0600 from the start",
                         (unsigned)socket_mode_at_bind);
@@ -807,7 +775,7 @@ Test(world, socket_is_0600_in_a_0700_dir_even_with_umask_0)
     world_test t;
     setup(&t, 2, 3);
     wf_result *r = wf_run(3, rank_or_observer, &t, 10);
-    expect_success(r, 3);
+    wf_expect_success(r, 3);
     wf_free(r, 3);
     wf_rmtree(t.dir);
 }
@@ -820,11 +788,11 @@ static int rank_plain(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     double t0 = wf_now();
     symm_status st = symm_world_create(&cfg, &w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     if (st == SYMM_OK)
         st = symm_world_barrier(w);
     symm_world_destroy(w);
-    return st ? failed_call(res, "create and barrier", st) : 0;
+    return st ? wf_failed_call(res, "create and barrier", st) : 0;
 }
 
 Test(world, stale_socket_is_replaced)
@@ -840,7 +808,7 @@ Test(world, stale_socket_is_replaced)
     cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "%s", strerror(errno));
     close(fd); /* a socket file nobody listens on, as a crashed job leaves it */
     wf_result *r = wf_run(2, rank_plain, &t, 10);
-    expect_success(r, 2);
+    wf_expect_success(r, 2);
     wf_free(r, 2);
     wf_rmtree(t.dir);
 }
@@ -864,10 +832,10 @@ static int rank_of_two_jobs(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     double t0 = wf_now();
     symm_status st = symm_world_create(&cfg, &w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     symm_world_destroy(w);
     if (i < 2 && st)
-        return failed_call(res, "job A", st);
+        return wf_failed_call(res, "job A", st);
     return 0;
 }
 
@@ -876,13 +844,13 @@ Test(world, job_id_clash_is_named_by_both_ranks_of_the_second_job)
     world_test t;
     setup(&t, 2, 4);
     wf_result *r = wf_run(4, rank_of_two_jobs, &t, 15);
-    expect_success(r, 2);
-    expect_status(r, 2, SYMM_ERR_STATE, "in use by a live world: another job has job id");
-    expect_status(r, 3, SYMM_ERR_PEER, "wrong job secret");
+    wf_expect_success(r, 2);
+    wf_expect_status(r, 2, SYMM_ERR_STATE, "in use by a live world: another job has job id");
+    wf_expect_status(r, 3, SYMM_ERR_PEER, "wrong job secret");
     char want[400];
     snprintf(want, sizeof want, "Another job may be using job id \"%s\"", t.job);
-    expect_status(r, 3, SYMM_ERR_PEER, want);
-    expect_status(r, 3, SYMM_ERR_PEER, "give each job its own SYMM_JOB_ID");
+    wf_expect_status(r, 3, SYMM_ERR_PEER, want);
+    wf_expect_status(r, 3, SYMM_ERR_PEER, "give each job its own SYMM_JOB_ID");
     wf_free(r, 4);
     wf_rmtree(t.dir);
 }
@@ -924,7 +892,7 @@ static int rank_cycles(int i, void *arg, wf_result *res, wf_result *all)
                 close(fds[r]);
         symm_world_destroy(w);
         if (st)
-            return failed_call(res, "symm_world_allgather_fd", st);
+            return wf_failed_call(res, "symm_world_allgather_fd", st);
     }
     /* A create that fails (rank 1 of a world whose rank 0 never comes, and
      * rank 0 of a world nobody joins) leaves nothing open either. */
@@ -943,7 +911,7 @@ Test(world, no_descriptor_leaks_across_create_destroy_cycles)
     world_test t;
     setup(&t, 3, 3);
     wf_result *r = wf_run(3, rank_cycles, &t, 20);
-    expect_success(r, 3);
+    wf_expect_success(r, 3);
     wf_free(r, 3);
     wf_rmtree(t.dir);
 }
@@ -968,7 +936,7 @@ static int rank_destroy_status(int i, void *arg, wf_result *res, wf_result *all)
         return 1;
     symm_status st = symm_world_barrier(w);
     if (st)
-        return failed_call(res, "symm_world_barrier", st);
+        return wf_failed_call(res, "symm_world_barrier", st);
     int closed = 0;
     for (int fd = 3; i == 1 && fd < 1024; fd++) {
         struct stat sb;
@@ -979,7 +947,7 @@ static int rank_destroy_status(int i, void *arg, wf_result *res, wf_result *all)
         return wf_failf(res, "rank 1 found %d new sockets, expected its connection to rank 0", closed);
     st = symm_world_destroy(w);
     if (i == 0)
-        return st ? failed_call(res, "symm_world_destroy", st) : 0;
+        return st ? wf_failed_call(res, "symm_world_destroy", st) : 0;
     if (st != SYMM_ERR_SYSTEM || !strstr(symm_last_error(), "rank 1: closing the connection to rank 0"))
         return wf_failf(res, "destroy after its connection was closed: %s: %s", symm_status_name(st),
                         symm_last_error());
@@ -992,7 +960,7 @@ Test(world, destroy_returns_a_status_and_takes_null)
     world_test t;
     setup(&t, 2, 5);
     wf_result *r = wf_run(2, rank_destroy_status, &t, 10);
-    expect_success(r, 2);
+    wf_expect_success(r, 2);
     wf_free(r, 2);
     wf_rmtree(t.dir);
 }
@@ -1022,7 +990,7 @@ static int rank_out_of_fds(int i, void *arg, wf_result *res, wf_result *all)
     }
     double t0 = wf_now();
     symm_status st = symm_world_allgather_fd(w, fd, fds);
-    int code = record(res, st, t0);
+    int code = wf_record(res, st, t0);
     if (i == 1) {
         while (n > 0)
             close(fill[--n]);
@@ -1043,7 +1011,7 @@ Test(world, descriptor_not_received_for_lack_of_descriptors_says_so)
     wf_result *r = wf_run(2, rank_out_of_fds, &t, 20);
     for (int i = 0; i < 2; i++)
         cr_assert(r[i].done && r[i].code == 0, "rank %d: %s", i, r[i].msg);
-    expect_status(r, 1, SYMM_ERR_SYSTEM, "could not be received: this process is probably out of file descriptors");
+    wf_expect_status(r, 1, SYMM_ERR_SYSTEM, "could not be received: this process is probably out of file descriptors");
     cr_assert(r[1].elapsed_s < 2.0, "rank 1 took %.2f s", r[1].elapsed_s);
     wf_free(r, 2);
     wf_rmtree(t.dir);
@@ -1061,7 +1029,7 @@ Test(world, odd_and_long_job_ids_name_a_hashed_socket)
     id[sizeof id - 1] = '\0';
     snprintf(t.job, sizeof t.job, "%s", id); /* odd characters, and too long for sun_path */
     wf_result *r = wf_run(2, rank_plain, &t, 10);
-    expect_success(r, 2);
+    wf_expect_success(r, 2);
     wf_free(r, 2);
     char sub[256];
     snprintf(sub, sizeof sub, "%s/symm-%u", t.dir, (unsigned)geteuid());
@@ -1129,7 +1097,7 @@ static int rank_dies_in_create(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     double t0 = wf_now();
     symm_status st = symm_world_create(&cfg, &w);
-    record(res, st, t0);
+    wf_record(res, st, t0);
     symm_world_destroy(w);
     return 0;
 }
@@ -1141,7 +1109,7 @@ Test(world, rank_dying_during_create_is_named_at_once)
     wf_result *r = wf_run(4, rank_dies_in_create, &t, 15);
     cr_assert_not(r[2].done, "rank 2 was meant to die");
     for (int i = 0; i < 2; i++) {
-        expect_status(r, i, SYMM_ERR_PEER, "rank 2 disconnected during symm_world_create (rank 3 had not joined yet)");
+        wf_expect_status(r, i, SYMM_ERR_PEER, "rank 2 disconnected during symm_world_create (rank 3 had not joined yet)");
         cr_assert(r[i].elapsed_s < 1.5, "rank %d learned of it after %.2f s (timeout 5 s)", i, r[i].elapsed_s);
     }
     wf_free(r, 4);

@@ -18,6 +18,7 @@
 #include "sha256.h"
 #include "symm_heap.h"
 #include "symm_world.h"
+#include "world_expect.h"
 #include "world_fork.h"
 #include "world_internal.h"
 
@@ -69,11 +70,6 @@ static void setup(hosts_test *t, int size, int per_host, double timeout)
     }
 }
 
-static int failed_call(wf_result *res, const char *what, symm_status st)
-{
-    return wf_failf(res, "%s: %s: %s", what, symm_status_name(st), symm_last_error());
-}
-
 /* Rank i joins as t says: its own host id and socket directory. */
 static symm_status join(const hosts_test *t, int i, symm_world **w)
 {
@@ -85,32 +81,6 @@ static symm_status join(const hosts_test *t, int i, symm_world **w)
                              .socket_dir = sub, .timeout_s = t->timeout, .root_addr = t->root, .host_id = host,
                              .local_size = t->lsize_of[i]};
     return symm_world_create(&cfg, w);
-}
-
-static int record(wf_result *res, symm_status st, double t0)
-{
-    res->status = (int)st;
-    res->elapsed_s = wf_now() - t0;
-    snprintf(res->msg, sizeof res->msg, "%s", st ? symm_last_error() : "");
-    return 0;
-}
-
-static void expect_status(const wf_result *r, int i, symm_status want, const char *needle)
-{
-    cr_assert(r[i].done, "rank %d did not finish: %s", i, r[i].msg);
-    cr_assert_eq(r[i].code, 0, "rank %d: %s", i, r[i].msg);
-    cr_assert_eq(r[i].status, (int)want, "rank %d: got %s (%s), expected %s", i,
-                 symm_status_name((symm_status)r[i].status), r[i].msg, symm_status_name(want));
-    if (needle)
-        cr_assert(strstr(r[i].msg, needle), "rank %d: message \"%s\" lacks \"%s\"", i, r[i].msg, needle);
-}
-
-static void expect_success(const wf_result *r, int n)
-{
-    for (int i = 0; i < n; i++) {
-        cr_assert(r[i].done, "rank %d did not finish: %s", i, r[i].msg);
-        cr_assert_eq(r[i].code, 0, "rank %d: %s", i, r[i].msg);
-    }
 }
 
 /* --- a world of 2 and 3 simulated hosts ------------------------------------ */
@@ -164,7 +134,7 @@ static int check_collectives(symm_world *w, const hosts_test *t, int me, wf_resu
     wf_fill(send, bytes, t->seed, (uint64_t)me, 1);
     symm_status st = symm_world_allgather(w, send, recv, bytes);
     if (st)
-        code = failed_call(res, "symm_world_allgather", st);
+        code = wf_failed_call(res, "symm_world_allgather", st);
     for (int r = 0; r < t->size && !code; r++) {
         wf_fill(want, bytes, t->seed, (uint64_t)r, 1);
         if (memcmp(recv + (size_t)r * bytes, want, bytes))
@@ -176,11 +146,11 @@ static int check_collectives(symm_world *w, const hosts_test *t, int me, wf_resu
         if (me == root)
             memcpy(send, want, bytes);
         st = symm_world_bcast(w, send, bytes, root);
-        code = st ? failed_call(res, "symm_world_bcast", st)
+        code = st ? wf_failed_call(res, "symm_world_bcast", st)
                   : memcmp(send, want, bytes) ? wf_failf(res, "bcast: rank %d got other bytes", me) : 0;
     }
     if (!code && (st = symm_world_barrier(w)))
-        code = failed_call(res, "symm_world_barrier", st);
+        code = wf_failed_call(res, "symm_world_barrier", st);
     free(send);
     free(recv);
     free(want);
@@ -214,12 +184,12 @@ static int check_fds(symm_world *w, const hosts_test *t, int me, wf_result *res,
         return wf_failf(res, "write: %s", strerror(errno));
     res->flag = 1;
     if ((st = symm_world_barrier(w)))
-        return failed_call(res, "symm_world_barrier", st);
+        return wf_failed_call(res, "symm_world_barrier", st);
     symm_world *hw = symm_world_host_world(w);
     st = symm_world_allgather_fd(hw, fd, fds);
     close(fd);
     if (st)
-        return failed_call(res, "symm_world_allgather_fd on the host world", st);
+        return wf_failed_call(res, "symm_world_allgather_fd on the host world", st);
     int code = 0;
     for (int r = 0; r < t->size; r++) {
         if (t->host_of[r] != t->host_of[me])
@@ -240,17 +210,17 @@ static int rank_world(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     symm_status st = join(t, i, &w);
     if (st)
-        return failed_call(res, "symm_world_create", st);
+        return wf_failed_call(res, "symm_world_create", st);
     int code = check_table(w, t, i, res);
     if (!code)
         code = check_collectives(w, t, i, res);
     if (!code)
         code = check_fds(w, t, i, res, all);
     if (!code && (st = symm_world_barrier(w)))
-        code = failed_call(res, "symm_world_barrier", st);
+        code = wf_failed_call(res, "symm_world_barrier", st);
     st = symm_world_destroy(w);
     if (!code && st)
-        code = failed_call(res, "symm_world_destroy", st);
+        code = wf_failed_call(res, "symm_world_destroy", st);
     return code;
 }
 
@@ -276,7 +246,7 @@ ParameterizedTest(shape *s, hosts, simulated_hosts_form_a_world)
             t.local_of[r] = r / 2;
         }
     wf_result *r = wf_run(t.size, rank_world, &t, 30);
-    expect_success(r, t.size);
+    wf_expect_success(r, t.size);
     wf_free(r, t.size);
     wf_rmtree(t.dir);
 }
@@ -394,10 +364,10 @@ static int rank_or_intruder(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     symm_status st = join(t, i, &w);
     if (st)
-        return failed_call(res, "symm_world_create", st);
+        return wf_failed_call(res, "symm_world_create", st);
     st = symm_world_barrier(w);
     symm_world_destroy(w);
-    return st ? failed_call(res, "symm_world_barrier", st) : 0;
+    return st ? wf_failed_call(res, "symm_world_barrier", st) : 0;
 }
 
 Test(hosts, strangers_garbage_and_wrong_secrets_are_refused_while_rank0_waits)
@@ -406,7 +376,7 @@ Test(hosts, strangers_garbage_and_wrong_secrets_are_refused_while_rank0_waits)
     hosts_test t;
     setup(&t, 4, 2, 10);
     wf_result *r = wf_run(t.size + 1, rank_or_intruder, &t, 30);
-    expect_success(r, t.size + 1);
+    wf_expect_success(r, t.size + 1);
     wf_free(r, t.size + 1);
     wf_rmtree(t.dir);
 }
@@ -432,7 +402,7 @@ static int rank_expecting(int i, void *arg, wf_result *res, wf_result *all)
             st = symm_world_allgather(w, &i, (int[MAX_RANKS]){0}, sizeof i);
     }
     symm_world_destroy(w);
-    return record(res, st, t0);
+    return wf_record(res, st, t0);
 }
 
 Test(hosts, wrong_secret_is_refused_naming_it)
@@ -442,8 +412,8 @@ Test(hosts, wrong_secret_is_refused_naming_it)
     setup(&t, 2, 1, 1.5);
     wf_secret(t.secret_of[1]);
     wf_result *r = wf_run(t.size, rank_expecting, &t, 20);
-    expect_status(r, 1, SYMM_ERR_PEER, "rank 0 refused this rank (1): wrong job secret");
-    expect_status(r, 0, SYMM_ERR_TIMEOUT, "rank 1 did not join");
+    wf_expect_status(r, 1, SYMM_ERR_PEER, "rank 0 refused this rank (1): wrong job secret");
+    wf_expect_status(r, 0, SYMM_ERR_TIMEOUT, "rank 1 did not join");
     wf_free(r, t.size);
     wf_rmtree(t.dir);
 }
@@ -459,7 +429,7 @@ static int rank_or_impostor(int i, void *arg, wf_result *res, wf_result *all)
         symm_world *w = NULL;
         symm_status st = join(t, 1, &w);
         symm_world_destroy(w);
-        return record(res, st, t0);
+        return wf_record(res, st, t0);
     }
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->port),
@@ -492,7 +462,7 @@ Test(hosts, rank0_that_cannot_prove_the_secret_is_refused)
     setup(&t, 2, 1, 3);
     wf_result *r = wf_run(2, rank_or_impostor, &t, 20);
     cr_assert(r[0].done && r[0].code == 0, "impostor: %s", r[0].msg);
-    expect_status(r, 1, SYMM_ERR_PEER, "could not prove the job secret");
+    wf_expect_status(r, 1, SYMM_ERR_PEER, "could not prove the job secret");
     wf_free(r, 2);
     wf_rmtree(t.dir);
 }
@@ -509,8 +479,8 @@ Test(hosts, host_that_never_arrives_times_out_naming_ranks_and_hosts)
     wf_result *r = wf_run(t.size, rank_expecting, &t, 20);
     const char *want = "ranks 3, 4, 5 did not join within 1.5 s at 127.0.0.1:";
     for (int i = 0; i < 3; i++) {
-        expect_status(r, i, SYMM_ERR_TIMEOUT, want);
-        expect_status(r, i, SYMM_ERR_TIMEOUT, "sim0 (2 of 2 ranks), sim1 (1 of 2 ranks)");
+        wf_expect_status(r, i, SYMM_ERR_TIMEOUT, want);
+        wf_expect_status(r, i, SYMM_ERR_TIMEOUT, "sim0 (2 of 2 ranks), sim1 (1 of 2 ranks)");
         cr_assert(r[i].elapsed_s < 1.5 + 3, "rank %d took %.1f s", i, r[i].elapsed_s);
     }
     wf_free(r, t.size);
@@ -527,7 +497,7 @@ static void check_victim(int victim, const char *needle)
     for (int i = 0; i < t.size; i++) {
         if (i == victim)
             continue;
-        expect_status(r, i, SYMM_ERR_PEER, needle);
+        wf_expect_status(r, i, SYMM_ERR_PEER, needle);
         cr_assert(r[i].elapsed_s < 2.5, "rank %d took %.1f s: a dead rank must be seen at once", i,
                   r[i].elapsed_s);
     }
@@ -552,14 +522,14 @@ static int rank_stalls(int i, void *arg, wf_result *res, wf_result *all)
     symm_world *w = NULL;
     symm_status st = join(t, i, &w);
     if (st)
-        return failed_call(res, "symm_world_create", st);
+        return wf_failed_call(res, "symm_world_create", st);
     double t0 = wf_now();
     if (i == 3)
         wf_sleep(t->timeout + 1.5); /* alive, but never in the collective */
     else
         st = symm_world_barrier(w);
     symm_world_destroy(w);
-    return record(res, st, t0);
+    return wf_record(res, st, t0);
 }
 
 Test(hosts, rank_late_in_a_collective_times_out_naming_it_and_its_host)
@@ -569,7 +539,7 @@ Test(hosts, rank_late_in_a_collective_times_out_naming_it_and_its_host)
     setup(&t, 4, 2, 1);
     wf_result *r = wf_run(t.size, rank_stalls, &t, 20);
     for (int i = 0; i < 3; i++) {
-        expect_status(r, i, SYMM_ERR_TIMEOUT, "symm_world_barrier: rank 3 (host sim1) did not arrive within 1 s");
+        wf_expect_status(r, i, SYMM_ERR_TIMEOUT, "symm_world_barrier: rank 3 (host sim1) did not arrive within 1 s");
         cr_assert(r[i].elapsed_s < 1 + 2.5, "rank %d took %.1f s", i, r[i].elapsed_s);
     }
     wf_free(r, t.size);
@@ -584,7 +554,7 @@ Test(hosts, disagreeing_local_sizes_fail_every_rank_naming_them)
     t.lsize_of[3] = 3;
     wf_result *r = wf_run(t.size, rank_expecting, &t, 20);
     for (int i = 0; i < t.size; i++) {
-        expect_status(r, i, SYMM_ERR_MISMATCH, "host sim1: rank 3 says its host has 3 ranks (local size), but 2 "
+        wf_expect_status(r, i, SYMM_ERR_MISMATCH, "host sim1: rank 3 says its host has 3 ranks (local size), but 2 "
                                                "arrived with its host id (ranks 2, 3)");
         cr_assert(r[i].elapsed_s < 3, "rank %d took %.1f s", i, r[i].elapsed_s);
     }
@@ -600,7 +570,7 @@ Test(hosts, local_ranks_that_are_not_a_permutation_fail_every_rank_naming_them)
     t.local_of[3] = 0;
     wf_result *r = wf_run(t.size, rank_expecting, &t, 20);
     for (int i = 0; i < t.size; i++)
-        expect_status(r, i, SYMM_ERR_MISMATCH, "host sim1: ranks 2 and 3 both have local rank 0");
+        wf_expect_status(r, i, SYMM_ERR_MISMATCH, "host sim1: ranks 2 and 3 both have local rank 0");
     wf_free(r, t.size);
     /* Out of range, with local sizes unknown. */
     setup(&t, 4, 2, 5);
@@ -609,7 +579,7 @@ Test(hosts, local_ranks_that_are_not_a_permutation_fail_every_rank_naming_them)
     t.local_of[1] = 2;
     r = wf_run(t.size, rank_expecting, &t, 20);
     for (int i = 0; i < t.size; i++)
-        expect_status(r, i, SYMM_ERR_MISMATCH, "host sim0: rank 1 has local rank 2, but the host has 2 ranks "
+        wf_expect_status(r, i, SYMM_ERR_MISMATCH, "host sim0: rank 1 has local rank 2, but the host has 2 ranks "
                                                "(ranks 0, 1): expected local ranks 0..1, each once");
     wf_free(r, t.size);
     wf_rmtree(t.dir);
