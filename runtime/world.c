@@ -3,9 +3,9 @@
  * knows of its hosts. Across hosts the rendezvous is world_tcp.c's.
  *
  * Rank 0 binds <socket_dir>/symm-<uid>/<job id>.sock and waits in one poll()
- * loop for the listening socket, the connections that have not yet said
- * hello and the ranks that have joined, so that no single connection can make
- * it wait: a stranger that connects and says nothing, or says the wrong
+ * loop (world_root.c's) for the listening socket, the connections that have
+ * not yet said hello and the ranks that have joined, so that no single
+ * connection can make it wait: a stranger that connects and says nothing, or says the wrong
  * secret, costs nothing. Every other rank connects, checks that the socket
  * belongs to its own uid, sends a hello and waits for WELCOME (once all ranks
  * are in), REFUSE or ERROR. A connection that rank 0 closes before answering
@@ -13,20 +13,14 @@
  * the timeout. Once everyone is in, rank 0 unlinks the socket: the name is
  * free for the next world at once, and latecomers cannot knock. */
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "world_internal.h"
-
-/* Connections that may wait for their hello at once; beyond, the oldest is
- * dropped (a real rank whose connection is dropped reconnects). */
-#define MAX_PENDING 64
 
 typedef struct listener {
     int fd;
@@ -157,21 +151,6 @@ static void listener_close(listener *l)
     l->fd = -1;
 }
 
-static void refuse(int fd, uint32_t reason, uint64_t detail)
-{
-    symm_world_frame f = {.type = SYMM_FRAME_REFUSE, .arg = reason, .count = detail};
-    (void)symm_wio_send_frame(fd, &f, NULL, symm_wio_now() + 0.2, 0);
-}
-
-/* Constant-time comparison: a wrong guess learns nothing from the timing. */
-static int digest_equal(const uint8_t *a, const uint8_t *b)
-{
-    unsigned diff = 0;
-    for (int i = 0; i < 32; i++)
-        diff |= (unsigned)(a[i] ^ b[i]);
-    return diff == 0;
-}
-
 /* Judge a complete hello: the connection joins (conn[rank] takes it) or is
  * refused and closed. Returns 1 when it joined. */
 static int judge_hello(symm_world *w, const symm_wenv *env, pending *p)
@@ -181,7 +160,7 @@ static int judge_hello(symm_world *w, const symm_wenv *env, pending *p)
     uint64_t detail = 0;
     if (h->magic != SYMM_WORLD_MAGIC || h->version != SYMM_WORLD_PROTOCOL)
         reason = SYMM_REFUSE_PROTOCOL, detail = SYMM_WORLD_PROTOCOL;
-    else if (!digest_equal(h->digest, env->digest))
+    else if (!symm_world_digest_equal(h->digest, env->digest))
         reason = SYMM_REFUSE_SECRET;
     else if (h->size != w->size)
         reason = SYMM_REFUSE_SIZE, detail = (uint64_t)w->size;
@@ -190,7 +169,7 @@ static int judge_hello(symm_world *w, const symm_wenv *env, pending *p)
     else if (w->conn[h->rank] >= 0)
         reason = SYMM_REFUSE_DUPLICATE;
     if (reason) {
-        refuse(p->fd, reason, detail);
+        symm_wroot_refuse(p->fd, reason, detail);
         close(p->fd);
         p->fd = -1;
         return 0;
@@ -201,51 +180,32 @@ static int judge_hello(symm_world *w, const symm_wenv *env, pending *p)
 }
 
 typedef struct rendezvous {
-    symm_world *w;
+    symm_wroot root; /* first: the loop's functions reach the rest through it */
     const symm_wenv *env;
     listener l;
-    pending pend[MAX_PENDING];
-    int npend;
-    int joined; /* rank 0 included */
+    pending pend[SYMM_WROOT_MAX_PENDING];
 } rendezvous;
 
-static symm_status accept_all(rendezvous *z)
+static int admit(symm_wroot *root, int fd)
 {
-    for (;;) {
-        int fd = accept4(z->l.fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return SYMM_OK;
-            return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: accept on %s: %s", z->l.path, strerror(errno));
-        }
-        uid_t uid;
-        if (!peer_uid_ok(fd, &uid)) {
-            close(fd); /* another user: not even an answer */
-            continue;
-        }
-        if (z->npend == MAX_PENDING) {
-            close(z->pend[0].fd);
-            memmove(&z->pend[0], &z->pend[1], sizeof z->pend[0] * (MAX_PENDING - 1));
-            z->npend--;
-        }
-        z->pend[z->npend++] = (pending){.fd = fd};
-    }
+    (void)root;
+    uid_t uid;
+    return peer_uid_ok(fd, &uid); /* another user: not even an answer */
 }
 
-static void pending_read(rendezvous *z, pending *p)
+static int pending_read(symm_wroot *root, void *arg)
 {
+    rendezvous *z = (rendezvous *)root;
+    pending *p = arg;
     size_t got = 0;
     symm_wio r = symm_wio_recv_some(p->fd, (char *)&p->hello + p->got, sizeof p->hello - p->got, &got);
     if (r != SYMM_WIO_OK) {
         close(p->fd);
         p->fd = -1;
-        return;
+        return 0;
     }
     p->got += got;
-    if (p->got == sizeof p->hello)
-        z->joined += judge_hello(z->w, z->env, p);
+    return p->got == sizeof p->hello ? judge_hello(root->w, z->env, p) : 0;
 }
 
 /* "ranks 2, 3": those that have not joined (but for rank gone, which left),
@@ -268,61 +228,22 @@ static void not_joined(const symm_world *w, int gone, char *buf, size_t n)
     free(present);
 }
 
-/* A rank that joined has nothing to say before WELCOME: what it says is EOF. */
-static symm_status joined_event(symm_world *w, int r)
+static symm_status left(symm_wroot *root, int r, int eof)
 {
-    char byte, missing[256];
-    size_t got = 0;
-    symm_wio io = symm_wio_recv_some(w->conn[r], &byte, 1, &got);
-    if (io == SYMM_WIO_OK && got == 0)
-        return SYMM_OK;
-    close(w->conn[r]);
-    w->conn[r] = -1;
-    if (io != SYMM_WIO_EOF)
+    char missing[256];
+    if (!eof)
         return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank %d sent an unexpected message before the "
                          "world was complete", r);
-    not_joined(w, r, missing, sizeof missing);
+    not_joined(root->w, r, missing, sizeof missing);
     return symm_fail(SYMM_ERR_PEER, "rank %d disconnected during symm_world_create%s%s%s", r,
                      missing[0] ? " (" : "", missing, missing[0] ? " had not joined yet)" : "");
 }
 
-/* One round of the rank 0 loop: wait for any event, handle every one. */
-static symm_status root_round(rendezvous *z, struct pollfd *pfd, int *who, double deadline)
+static symm_status timed_out(symm_wroot *root)
 {
-    symm_world *w = z->w;
-    int n = 0;
-    pfd[n++] = (struct pollfd){.fd = z->l.fd, .events = POLLIN};
-    for (int i = 0; i < z->npend; i++)
-        pfd[n++] = (struct pollfd){.fd = z->pend[i].fd, .events = POLLIN};
-    for (int r = 1; r < w->size; r++)
-        if (w->conn[r] >= 0) {
-            who[n] = r;
-            pfd[n++] = (struct pollfd){.fd = w->conn[r], .events = POLLIN};
-        }
-    int ms = symm_wio_poll_ms(deadline);
-    int k = poll(pfd, (nfds_t)n, ms);
-    if (k < 0 && errno != EINTR)
-        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: poll: %s", strerror(errno));
-    if (k == 0 && ms == 0) {
-        char list[256];
-        not_joined(w, -1, list, sizeof list);
-        return symm_fail(SYMM_ERR_TIMEOUT, "symm_world_create: %s did not join within %g s", list,
-                         w->timeout_s);
-    }
-    for (int i = 1 + z->npend; i < n; i++)
-        if (pfd[i].revents)
-            SYMM_TRY(joined_event(w, who[i]));
-    for (int i = 0; i < z->npend; i++)
-        if (pfd[1 + i].revents)
-            pending_read(z, &z->pend[i]);
-    int kept = 0;
-    for (int i = 0; i < z->npend; i++)
-        if (z->pend[i].fd >= 0)
-            z->pend[kept++] = z->pend[i];
-    z->npend = kept;
-    if (pfd[0].revents)
-        SYMM_TRY(accept_all(z));
-    return SYMM_OK;
+    char list[256];
+    not_joined(root->w, -1, list, sizeof list);
+    return symm_fail(SYMM_ERR_TIMEOUT, "symm_world_create: %s did not join within %g s", list, root->w->timeout_s);
 }
 
 static symm_status send_welcome(symm_world *w)
@@ -341,40 +262,24 @@ static symm_status send_welcome(symm_world *w)
 static symm_status root_rendezvous(symm_world *w, const symm_wenv *env)
 {
     rendezvous *z = calloc(1, sizeof *z);
-    struct pollfd *pfd = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *pfd);
-    int *who = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *who);
-    symm_status st = SYMM_OK;
-    if (z)
-        z->l.fd = -1; /* nothing to close until root_listen binds */
-    if (!z || !pfd || !who)
-        st = symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
-    if (st == SYMM_OK) {
-        z->w = w;
-        z->env = env;
-        z->joined = 1;
-        st = root_listen(env, &z->l);
-        if (st != SYMM_OK)
-            z->l.fd = -1;
-    }
+    if (!z)
+        return symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
+    z->root = (symm_wroot){.w = w, .lfd = -1, .where = env->path, .pend = z->pend, .pend_size = sizeof z->pend[0],
+                           .joined = 1, .admit = admit, .read = pending_read, .left = left, .timeout = timed_out};
+    z->env = env;
+    z->l.fd = -1; /* nothing to close until root_listen binds */
+    symm_status st = root_listen(env, &z->l);
+    z->root.lfd = z->l.fd;
     double deadline = symm_wio_now() + w->timeout_s;
-    while (st == SYMM_OK && z->joined < w->size)
-        st = root_round(z, pfd, who, deadline);
-    if (z) {
-        for (int i = 0; i < z->npend; i++)
-            close(z->pend[i].fd);
-        if (z->l.fd >= 0)
-            listener_close(&z->l);
-    }
+    if (st == SYMM_OK)
+        st = symm_wroot_wait(&z->root, deadline);
+    symm_wroot_close_pending(&z->root);
+    if (z->l.fd >= 0)
+        listener_close(&z->l);
     if (st == SYMM_OK)
         st = send_welcome(w);
-    if (st != SYMM_OK) {
-        double until = symm_wio_now() + 0.5;
-        for (int r = 1; r < w->size; r++)
-            if (w->conn[r] >= 0)
-                symm_wio_send_error(w->conn[r], st, symm_last_error(), until);
-    }
-    free(who);
-    free(pfd);
+    if (st != SYMM_OK)
+        symm_wroot_tell_error(w, st);
     free(z);
     return st;
 }
@@ -480,15 +385,6 @@ static symm_status handshake(symm_world *w, const symm_wenv *env, int fd, double
     return SYMM_OK;
 }
 
-static void sleep_until(double t)
-{
-    double left = t - symm_wio_now();
-    if (left <= 0)
-        return;
-    struct timespec ts = {.tv_sec = (time_t)left, .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
 static symm_status peer_rendezvous(symm_world *w, const symm_wenv *env)
 {
     double deadline = symm_wio_now() + w->timeout_s;
@@ -514,7 +410,7 @@ static symm_status peer_rendezvous(symm_world *w, const symm_wenv *env)
             return symm_fail(SYMM_ERR_TIMEOUT,
                              "symm_world_create: rank %d could not reach rank 0 within %g s (socket %s)",
                              w->rank, w->timeout_s, env->path);
-        sleep_until(now + backoff < deadline ? now + backoff : deadline);
+        symm_world_sleep_until(now + backoff < deadline ? now + backoff : deadline);
         backoff = backoff * 2 < 0.05 ? backoff * 2 : 0.05;
     }
 }

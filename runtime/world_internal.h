@@ -1,7 +1,8 @@
 /* world_internal.h: what the world's sources share (world.c: the Unix-socket
  * rendezvous of one host and lifetime, world_tcp.c: the TCP rendezvous of a
- * world across hosts, world_coll.c: collectives, world_env.c: configuration
- * and the socket directory, world_io.c: bounded socket I/O). Not installed.
+ * world across hosts, world_root.c: rank 0's wait for every rank on either,
+ * world_coll.c: collectives, world_env.c: configuration and the socket
+ * directory, world_io.c: bounded socket I/O). Not installed.
  *
  * The wire protocol of one host (native byte order): a connecting rank sends
  * a hello; rank 0 answers WELCOME once every rank has joined, REFUSE to a
@@ -226,6 +227,58 @@ SYMM_HIDDEN symm_status symm_world_create_local(const symm_world_config *cfg, sy
  * connect; on success w knows its hosts and has its host world. */
 SYMM_HIDDEN symm_status symm_world_tcp_rendezvous(symm_world *w, const symm_world_config *cfg,
                                                   const symm_wenv *env);
+
+/* --- world_root.c ----------------------------------------------------- */
+
+/* Connections that may wait at once to say who they are; beyond, the oldest
+ * is dropped (a real rank whose connection is dropped reconnects). */
+#define SYMM_WROOT_MAX_PENDING 64
+
+/* Rank 0's wait for every rank, one poll() loop over the listening socket,
+ * the pending connections and the joined ranks; the transport fills in the
+ * socket, its pending connections and what differs (below). Its context
+ * begins with this struct, so that the functions can reach it. */
+typedef struct symm_wroot symm_wroot;
+struct symm_wroot {
+    symm_world *w;
+    int lfd;           /* the listening socket */
+    const char *where; /* the accept error names it ("accept on <where>"); NULL: not */
+    /* SYMM_WROOT_MAX_PENDING elements of pend_size bytes, each beginning with
+     * its descriptor (int): the loop zeroes an element and sets its
+     * descriptor on accept, and forgets one whose descriptor is -1. */
+    void *pend;
+    size_t pend_size;
+    int npend;
+    int joined; /* rank 0 included */
+    /* A new connection: 0 to close it at once. */
+    int (*admit)(symm_wroot *z, int fd);
+    /* Pending connection p has something to read; 1 when it joined (then, or
+     * when the transport closed it, its descriptor is -1). */
+    int (*read)(symm_wroot *z, void *p);
+    /* Joined rank r is gone (eof: it closed, else it sent something): the
+     * error (its connection is closed and conn[r] is -1). */
+    symm_status (*left)(symm_wroot *z, int r, int eof);
+    /* The deadline passed before all joined: the error. */
+    symm_status (*timeout)(symm_wroot *z);
+};
+
+/* Run the loop until every rank has joined or something fails. */
+SYMM_HIDDEN symm_status symm_wroot_wait(symm_wroot *z, double deadline);
+
+/* Close the connections still pending. */
+SYMM_HIDDEN void symm_wroot_close_pending(symm_wroot *z);
+
+/* Refuse a connection with a REFUSE frame (best effort, not closed). */
+SYMM_HIDDEN void symm_wroot_refuse(int fd, uint32_t reason, uint64_t detail);
+
+/* Rank 0 failed with st: tell every rank that joined (best effort). */
+SYMM_HIDDEN void symm_wroot_tell_error(const symm_world *w, symm_status st);
+
+/* Constant-time comparison of 32 bytes: a wrong guess learns nothing from
+ * the timing. */
+SYMM_HIDDEN int symm_world_digest_equal(const uint8_t *a, const uint8_t *b);
+
+SYMM_HIDDEN void symm_world_sleep_until(double t);
 
 /* --- world_coll.c ----------------------------------------------------- */
 

@@ -2,9 +2,9 @@
  * a root address), and the host world each rank joins after it.
  *
  * Rank 0 listens on TCP at the root address's port and waits in one poll()
- * loop, as on one host, so that no connection can make it wait. A
- * connection proves the job secret by challenge and response, and so does
- * rank 0 (docs/protocol.md):
+ * loop (world_root.c's), as on one host, so that no connection can make it
+ * wait. A connection proves the job secret by challenge and response, and so
+ * does rank 0 (docs/protocol.md):
  *   rank -> root   hello      magic, protocol, nonce_c (32 random bytes)
  *   root -> rank   challenge  magic, protocol, nonce_s
  *   rank -> root   proof      rank, size, local rank, local size, host id,
@@ -32,13 +32,11 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "sha256.h"
 #include "world_internal.h"
 
-#define MAX_PENDING 64
 #define NONCE 32
 
 static const char call[] = "symm_world_create";
@@ -73,15 +71,6 @@ static void proof_mac(const symm_wenv *env, const char *side, const uint8_t *non
     symm_hmac_sha256_update(&m, nonce_s, NONCE);
     symm_hmac_sha256_update(&m, p, offsetof(symm_tcp_proof, mac));
     symm_hmac_sha256_final(&m, mac);
-}
-
-/* Constant-time comparison: a wrong guess learns nothing from the timing. */
-static int mac_equal(const uint8_t *a, const uint8_t *b)
-{
-    unsigned diff = 0;
-    for (int i = 0; i < 32; i++)
-        diff |= (unsigned)(a[i] ^ b[i]);
-    return diff == 0;
 }
 
 static void set_nodelay(int fd)
@@ -177,13 +166,10 @@ typedef struct tcp_pending {
 } tcp_pending;
 
 typedef struct tcp_root {
-    symm_world *w;
+    symm_wroot root; /* first: the loop's functions reach the rest through it */
     const symm_wenv *env;
-    int lfd;
-    tcp_pending pend[MAX_PENDING];
-    int npend;
-    int joined;            /* rank 0 included */
-    symm_tcp_proof *info;  /* what each joined rank said */
+    tcp_pending pend[SYMM_WROOT_MAX_PENDING];
+    symm_tcp_proof *info; /* what each joined rank said */
 } tcp_root;
 
 static int is_loopback(const struct sockaddr *a)
@@ -256,16 +242,10 @@ static symm_status root_listen(const symm_wenv *env, int *out)
     return st;
 }
 
-static void refuse(int fd, uint32_t reason, uint64_t detail)
-{
-    symm_world_frame f = {.type = SYMM_FRAME_REFUSE, .arg = reason, .count = detail};
-    (void)symm_wio_send_frame(fd, &f, NULL, symm_wio_now() + 0.2, 0);
-}
-
 static void drop(tcp_pending *p, uint32_t reason, uint64_t detail)
 {
     if (reason)
-        refuse(p->fd, reason, detail);
+        symm_wroot_refuse(p->fd, reason, detail);
     close(p->fd);
     p->fd = -1;
 }
@@ -297,11 +277,11 @@ static void hello_read(tcp_pending *p)
  * Returns 1 when it joined. */
 static int proof_read(tcp_root *z, tcp_pending *p)
 {
-    symm_world *w = z->w;
+    symm_world *w = z->root.w;
     symm_tcp_proof *q = &p->u.proof;
     uint8_t want[32];
     proof_mac(z->env, "client", p->nonce_c, p->nonce_s, q, want);
-    if (!mac_equal(want, q->mac)) {
+    if (!symm_world_digest_equal(want, q->mac)) {
         drop(p, SYMM_REFUSE_SECRET, 0);
         return 0;
     }
@@ -332,49 +312,37 @@ static int proof_read(tcp_root *z, tcp_pending *p)
     return 1;
 }
 
-static void pending_read(tcp_root *z, tcp_pending *p)
+static int admit(symm_wroot *root, int fd)
 {
+    (void)root;
+    set_nodelay(fd);
+    return 1;
+}
+
+static int pending_read(symm_wroot *root, void *arg)
+{
+    tcp_pending *p = arg;
     size_t want = p->stage == 0 ? sizeof p->u.hello : sizeof p->u.proof, got = 0;
     symm_wio r = symm_wio_recv_some(p->fd, (char *)&p->u + p->got, want - p->got, &got);
     if (r != SYMM_WIO_OK) {
         drop(p, 0, 0);
-        return;
+        return 0;
     }
     p->got += got;
     if (p->got < want)
-        return;
-    if (p->stage == 0)
+        return 0;
+    if (p->stage == 0) {
         hello_read(p);
-    else
-        z->joined += proof_read(z, p);
-}
-
-static symm_status accept_all(tcp_root *z)
-{
-    for (;;) {
-        int fd = accept4(z->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return SYMM_OK;
-            return symm_fail(SYMM_ERR_SYSTEM, "%s: accept: %s", call, strerror(errno));
-        }
-        set_nodelay(fd);
-        if (z->npend == MAX_PENDING) {
-            close(z->pend[0].fd);
-            memmove(&z->pend[0], &z->pend[1], sizeof z->pend[0] * (MAX_PENDING - 1));
-            z->npend--;
-        }
-        z->pend[z->npend++] = (tcp_pending){.fd = fd};
+        return 0;
     }
+    return proof_read((tcp_root *)root, p);
 }
 
 /* "ranks 2, 3 did not join within 5 s (hosts heard from: sim0 (2 of 2
  * ranks), sim1 (1 rank); no rank of another host arrived)". */
 static symm_status not_joined(const tcp_root *z, int gone, const char *verb, symm_status st)
 {
-    const symm_world *w = z->w;
+    const symm_world *w = z->root.w;
     unsigned char *present = calloc((size_t)w->size, 1);
     char list[256] = "some ranks", hosts[640] = "";
     if (present) {
@@ -411,55 +379,18 @@ static symm_status not_joined(const tcp_root *z, int gone, const char *verb, sym
                      call, list, verb, w->timeout_s, where, hosts);
 }
 
-/* A joined rank has nothing to say before WELCOME: what it says is EOF. */
-static symm_status joined_event(tcp_root *z, int r)
+static symm_status left(symm_wroot *root, int r, int eof)
 {
-    symm_world *w = z->w;
-    char byte;
-    size_t got = 0;
-    symm_wio io = symm_wio_recv_some(w->conn[r], &byte, 1, &got);
-    if (io == SYMM_WIO_OK && got == 0)
-        return SYMM_OK;
-    close(w->conn[r]);
-    w->conn[r] = -1;
-    if (io != SYMM_WIO_EOF)
+    const tcp_root *z = (const tcp_root *)root;
+    if (!eof)
         return symm_fail(SYMM_ERR_PEER, "%s: rank %d (host %s) sent an unexpected message before the world was "
                          "complete", call, r, z->info[r].host_id);
     return not_joined(z, r, "", SYMM_ERR_PEER);
 }
 
-static symm_status root_round(tcp_root *z, struct pollfd *pfd, int *who, double deadline)
+static symm_status timed_out(symm_wroot *root)
 {
-    symm_world *w = z->w;
-    int n = 0;
-    pfd[n++] = (struct pollfd){.fd = z->lfd, .events = POLLIN};
-    for (int i = 0; i < z->npend; i++)
-        pfd[n++] = (struct pollfd){.fd = z->pend[i].fd, .events = POLLIN};
-    for (int r = 1; r < w->size; r++)
-        if (w->conn[r] >= 0) {
-            who[n] = r;
-            pfd[n++] = (struct pollfd){.fd = w->conn[r], .events = POLLIN};
-        }
-    int ms = symm_wio_poll_ms(deadline);
-    int k = poll(pfd, (nfds_t)n, ms);
-    if (k < 0 && errno != EINTR)
-        return symm_fail(SYMM_ERR_SYSTEM, "%s: poll: %s", call, strerror(errno));
-    if (k == 0 && ms == 0)
-        return not_joined(z, -1, "did not join", SYMM_ERR_TIMEOUT);
-    for (int i = 1 + z->npend; i < n; i++)
-        if (pfd[i].revents)
-            SYMM_TRY(joined_event(z, who[i]));
-    for (int i = 0; i < z->npend; i++)
-        if (pfd[1 + i].revents)
-            pending_read(z, &z->pend[i]);
-    int kept = 0;
-    for (int i = 0; i < z->npend; i++)
-        if (z->pend[i].fd >= 0)
-            z->pend[kept++] = z->pend[i];
-    z->npend = kept;
-    if (pfd[0].revents)
-        SYMM_TRY(accept_all(z));
-    return SYMM_OK;
+    return not_joined((const tcp_root *)root, -1, "did not join", SYMM_ERR_TIMEOUT);
 }
 
 /* Number the hosts in the order of their lowest rank and check what every
@@ -567,35 +498,26 @@ static symm_status table_alloc(host_table *t, int size, int hosts)
 static symm_status root_rendezvous(symm_world *w, const symm_world_config *cfg, const symm_wenv *env)
 {
     tcp_root *z = calloc(1, sizeof *z);
-    struct pollfd *pfd = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *pfd);
-    int *who = calloc((size_t)(1 + MAX_PENDING + w->size), sizeof *who);
-    host_table t = {0};
-    symm_status st = SYMM_OK;
-    if (z) {
-        z->lfd = -1;
+    if (z)
         z->info = calloc((size_t)w->size, sizeof *z->info);
+    if (!z || !z->info) {
+        free(z);
+        return symm_fail(SYMM_ERR_NOMEM, "%s: out of host memory", call);
     }
-    if (!z || !pfd || !who || !z->info)
-        st = symm_fail(SYMM_ERR_NOMEM, "%s: out of host memory", call);
-    if (st == SYMM_OK) {
-        z->w = w;
-        z->env = env;
-        z->joined = 1;
-        z->info[0] = (symm_tcp_proof){.rank = 0, .size = w->size, .local_rank = cfg->local_rank,
-                                      .local_size = cfg->local_size};
-        memcpy(z->info[0].host_id, env->host_id, sizeof env->host_id);
-        if (w->size > 1)
-            st = root_listen(env, &z->lfd);
-    }
+    z->root = (symm_wroot){.w = w, .lfd = -1, .pend = z->pend, .pend_size = sizeof z->pend[0], .joined = 1,
+                           .admit = admit, .read = pending_read, .left = left, .timeout = timed_out};
+    z->env = env;
+    z->info[0] = (symm_tcp_proof){.rank = 0, .size = w->size, .local_rank = cfg->local_rank,
+                                  .local_size = cfg->local_size};
+    memcpy(z->info[0].host_id, env->host_id, sizeof env->host_id);
+    symm_status st = w->size > 1 ? root_listen(env, &z->root.lfd) : SYMM_OK;
     double deadline = symm_wio_now() + w->timeout_s;
-    while (st == SYMM_OK && z->joined < w->size)
-        st = root_round(z, pfd, who, deadline);
-    if (z) {
-        for (int i = 0; i < z->npend; i++)
-            close(z->pend[i].fd);
-        if (z->lfd >= 0)
-            close(z->lfd);
-    }
+    if (st == SYMM_OK)
+        st = symm_wroot_wait(&z->root, deadline);
+    symm_wroot_close_pending(&z->root);
+    if (z->root.lfd >= 0)
+        close(z->root.lfd);
+    host_table t = {0};
     if (st == SYMM_OK)
         st = table_alloc(&t, w->size, w->size);
     if (st == SYMM_OK)
@@ -604,17 +526,10 @@ static symm_status root_rendezvous(symm_world *w, const symm_world_config *cfg, 
         st = send_welcome(w, &t);
     if (st == SYMM_OK)
         st = adopt_table(w, &t);
-    if (st != SYMM_OK) {
-        double until = symm_wio_now() + 0.5;
-        for (int r = 1; r < w->size; r++)
-            if (w->conn[r] >= 0)
-                symm_wio_send_error(w->conn[r], st, symm_last_error(), until);
-    }
+    if (st != SYMM_OK)
+        symm_wroot_tell_error(w, st);
     table_free(&t);
-    if (z)
-        free(z->info);
-    free(who);
-    free(pfd);
+    free(z->info);
     free(z);
     return st;
 }
@@ -806,7 +721,7 @@ static symm_status handshake(symm_world *w, const symm_world_config *cfg, const 
     if (io != SYMM_WIO_OK)
         return io_trouble(io, where, "reading its proof");
     proof_mac(env, "root", hello.nonce, chal.nonce, &p, want);
-    if (!mac_equal(mac, want))
+    if (!symm_world_digest_equal(mac, want))
         return symm_fail(SYMM_ERR_PEER, "%s: the process at %s (%s) could not prove the job secret: it is not "
                          "rank 0 of this job (another job at this port, or another SYMM_JOB_SECRET)", call, where,
                          env->root_var);
@@ -824,15 +739,6 @@ static symm_status handshake(symm_world *w, const symm_world_config *cfg, const 
         return symm_fail(SYMM_ERR_PEER, "%s: rank 0 at %s answered with an unexpected message (type %u)", call,
                          where, f.type);
     return read_welcome(w, fd, &f, deadline + symm_world_grace(w->timeout_s), where);
-}
-
-static void sleep_until(double t)
-{
-    double left = t - symm_wio_now();
-    if (left <= 0)
-        return;
-    struct timespec ts = {.tv_sec = (time_t)left, .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
-    nanosleep(&ts, NULL);
 }
 
 static symm_status peer_rendezvous(symm_world *w, const symm_world_config *cfg, const symm_wenv *env)
@@ -860,7 +766,7 @@ static symm_status peer_rendezvous(symm_world *w, const symm_world_config *cfg, 
             return symm_fail(SYMM_ERR_TIMEOUT, "%s: rank %d (host %s) could not reach rank 0 at %s (%s) within "
                              "%g s (last: %s)", call, w->rank, env->host_id, where, env->root_var, w->timeout_s,
                              why);
-        sleep_until(now + backoff < deadline ? now + backoff : deadline);
+        symm_world_sleep_until(now + backoff < deadline ? now + backoff : deadline);
         backoff = backoff * 2 < 0.1 ? backoff * 2 : 0.1;
     }
 }
