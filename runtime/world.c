@@ -310,36 +310,13 @@ static int try_connect(const char *path, int *out)
 
 static symm_status refused(const symm_world *w, const symm_wenv *env, const symm_world_frame *f)
 {
-    const char *why = "an unknown reason";
-    char buf[640];
-    switch (f->arg) {
-    case SYMM_REFUSE_PROTOCOL:
-        snprintf(buf, sizeof buf, "protocol version %d here, %llu at rank 0 (mixed libsymm versions?)",
-                 SYMM_WORLD_PROTOCOL, (unsigned long long)f->count);
-        why = buf;
-        break;
-    case SYMM_REFUSE_SECRET:
-        /* Most often not a wrong secret of this job but another job's rank 0
-         * at this job id's socket: its own rank 0 then failed to bind it. */
-        snprintf(buf, sizeof buf, "wrong job secret: the rank 0 listening at %s has another one. Another job may "
-                 "be using job id \"%.200s\" (its rank 0 would have found the socket in use: give each job its "
-                 "own SYMM_JOB_ID), or this rank's SYMM_JOB_SECRET differs from its rank 0's", env->path,
-                 env->job_id);
-        why = buf;
-        break;
-    case SYMM_REFUSE_SIZE:
-        snprintf(buf, sizeof buf, "world size %d here, %llu at rank 0", w->size, (unsigned long long)f->count);
-        why = buf;
-        break;
-    case SYMM_REFUSE_RANK:
-        why = "rank out of range";
-        break;
-    case SYMM_REFUSE_DUPLICATE:
-        snprintf(buf, sizeof buf, "rank %d has already joined", w->rank);
-        why = buf;
-        break;
-    }
-    return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 refused this rank (%d): %s", w->rank, why);
+    char secret[640];
+    /* Most often not a wrong secret of this job but another job's rank 0 at
+     * this job id's socket: its own rank 0 then failed to bind it. */
+    snprintf(secret, sizeof secret, "wrong job secret: the rank 0 listening at %s has another one. Another job may "
+             "be using job id \"%.200s\" (its rank 0 would have found the socket in use: give each job its own "
+             "SYMM_JOB_ID), or this rank's SYMM_JOB_SECRET differs from its rank 0's", env->path, env->job_id);
+    return symm_world_refused(w, f, SYMM_WORLD_PROTOCOL, secret, "rank out of range");
 }
 
 /* After connecting: hello, then rank 0's verdict. SYMM_OK with *retry set
@@ -372,13 +349,8 @@ static symm_status handshake(symm_world *w, const symm_wenv *env, int fd, double
                          strerror(errno));
     if (f.type == SYMM_FRAME_REFUSE)
         return refused(w, env, &f);
-    if (f.type == SYMM_FRAME_ERROR) {
-        char msg[SYMM_WORLD_MSG_MAX];
-        if (symm_wio_recv_error(fd, &f, msg, sizeof msg, symm_wio_now() + 1.0) != SYMM_WIO_OK)
-            snprintf(msg, sizeof msg, "symm_world_create: rank 0 failed");
-        return symm_fail(f.arg > SYMM_OK && f.arg < SYMM_ERR_COUNT_ ? (symm_status)f.arg : SYMM_ERR_PEER,
-                         "%s", msg);
-    }
+    if (f.type == SYMM_FRAME_ERROR)
+        return symm_world_adopt_error(fd, &f);
     if (f.type != SYMM_FRAME_WELCOME || f.count != (uint64_t)w->size || f.len != 0)
         return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 answered with an unexpected message "
                          "(type %u)", f.type);

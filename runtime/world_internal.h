@@ -280,6 +280,16 @@ SYMM_HIDDEN int symm_world_digest_equal(const uint8_t *a, const uint8_t *b);
 
 SYMM_HIDDEN void symm_world_sleep_until(double t);
 
+/* A connecting rank's error for rank 0's REFUSE frame f: protocol is this
+ * rank's protocol version; secret and rank, the transport's words for those
+ * two refusals. */
+SYMM_HIDDEN symm_status symm_world_refused(const symm_world *w, const symm_world_frame *f, int protocol,
+                                           const char *secret, const char *rank);
+
+/* A connecting rank's error for rank 0's ERROR frame f on fd: its message
+ * and status. */
+SYMM_HIDDEN symm_status symm_world_adopt_error(int fd, const symm_world_frame *f);
+
 /* --- world_coll.c ----------------------------------------------------- */
 
 /* Record st (with the current message) as the world's sticky failure and

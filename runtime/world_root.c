@@ -10,6 +10,7 @@
  * and forgetting those the transport closed. */
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -135,6 +136,43 @@ void symm_wroot_tell_error(const symm_world *w, symm_status st)
 }
 
 /* --- both sides -------------------------------------------------------------- */
+
+symm_status symm_world_refused(const symm_world *w, const symm_world_frame *f, int protocol, const char *secret,
+                               const char *rank)
+{
+    const char *why = "an unknown reason";
+    char buf[640];
+    switch (f->arg) {
+    case SYMM_REFUSE_PROTOCOL:
+        snprintf(buf, sizeof buf, "protocol version %d here, %llu at rank 0 (mixed libsymm versions?)", protocol,
+                 (unsigned long long)f->count);
+        why = buf;
+        break;
+    case SYMM_REFUSE_SECRET:
+        why = secret;
+        break;
+    case SYMM_REFUSE_SIZE:
+        snprintf(buf, sizeof buf, "world size %d here, %llu at rank 0", w->size, (unsigned long long)f->count);
+        why = buf;
+        break;
+    case SYMM_REFUSE_RANK:
+        why = rank;
+        break;
+    case SYMM_REFUSE_DUPLICATE:
+        snprintf(buf, sizeof buf, "rank %d has already joined", w->rank);
+        why = buf;
+        break;
+    }
+    return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 refused this rank (%d): %s", w->rank, why);
+}
+
+symm_status symm_world_adopt_error(int fd, const symm_world_frame *f)
+{
+    char msg[SYMM_WORLD_MSG_MAX];
+    if (symm_wio_recv_error(fd, f, msg, sizeof msg, symm_wio_now() + 1.0) != SYMM_WIO_OK)
+        snprintf(msg, sizeof msg, "symm_world_create: rank 0 failed");
+    return symm_fail(f->arg > SYMM_OK && f->arg < SYMM_ERR_COUNT_ ? (symm_status)f->arg : SYMM_ERR_PEER, "%s", msg);
+}
 
 int symm_world_digest_equal(const uint8_t *a, const uint8_t *b)
 {

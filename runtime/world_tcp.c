@@ -582,43 +582,13 @@ static void try_connect(const symm_wenv *env, double deadline, int *fd_out, char
 
 static symm_status refused(const symm_world *w, const symm_wenv *env, const symm_world_frame *f)
 {
-    const char *why = "an unknown reason";
-    char buf[640], where[SYMM_WORLD_ADDR_MAX + 16];
+    char secret[640], where[SYMM_WORLD_ADDR_MAX + 16];
     addr_text(env, where, sizeof where);
-    switch (f->arg) {
-    case SYMM_REFUSE_PROTOCOL:
-        snprintf(buf, sizeof buf, "protocol version %d here, %llu at rank 0 (mixed libsymm versions?)",
-                 SYMM_WORLD_TCP_PROTOCOL, (unsigned long long)f->count);
-        why = buf;
-        break;
-    case SYMM_REFUSE_SECRET:
-        snprintf(buf, sizeof buf, "wrong job secret: the rank 0 listening at %s (%s) has another one: this rank's "
-                 "SYMM_JOB_SECRET (or job id \"%.200s\") differs from its rank 0's, or another job listens there",
-                 where, env->root_var, env->job_id);
-        why = buf;
-        break;
-    case SYMM_REFUSE_SIZE:
-        snprintf(buf, sizeof buf, "world size %d here, %llu at rank 0", w->size, (unsigned long long)f->count);
-        why = buf;
-        break;
-    case SYMM_REFUSE_RANK:
-        why = "rank, local rank, local size or host id out of range";
-        break;
-    case SYMM_REFUSE_DUPLICATE:
-        snprintf(buf, sizeof buf, "rank %d has already joined", w->rank);
-        why = buf;
-        break;
-    }
-    return symm_fail(SYMM_ERR_PEER, "%s: rank 0 refused this rank (%d): %s", call, w->rank, why);
-}
-
-/* Read an ERROR frame's message and adopt its status. */
-static symm_status adopt_error(int fd, const symm_world_frame *f)
-{
-    char msg[SYMM_WORLD_MSG_MAX];
-    if (symm_wio_recv_error(fd, f, msg, sizeof msg, symm_wio_now() + 1.0) != SYMM_WIO_OK)
-        snprintf(msg, sizeof msg, "%s: rank 0 failed", call);
-    return symm_fail(f->arg > SYMM_OK && f->arg < SYMM_ERR_COUNT_ ? (symm_status)f->arg : SYMM_ERR_PEER, "%s", msg);
+    snprintf(secret, sizeof secret, "wrong job secret: the rank 0 listening at %s (%s) has another one: this rank's "
+             "SYMM_JOB_SECRET (or job id \"%.200s\") differs from its rank 0's, or another job listens there", where,
+             env->root_var, env->job_id);
+    return symm_world_refused(w, f, SYMM_WORLD_TCP_PROTOCOL, secret,
+                              "rank, local rank, local size or host id out of range");
 }
 
 static symm_status io_trouble(symm_wio io, const char *where, const char *doing)
@@ -734,7 +704,7 @@ static symm_status handshake(symm_world *w, const symm_world_config *cfg, const 
     if (io != SYMM_WIO_OK)
         return io_trouble(io, where, "waiting for the world to be complete");
     if (f.type == SYMM_FRAME_ERROR)
-        return adopt_error(fd, &f);
+        return symm_world_adopt_error(fd, &f);
     if (f.type != SYMM_FRAME_WELCOME)
         return symm_fail(SYMM_ERR_PEER, "%s: rank 0 at %s answered with an unexpected message (type %u)", call,
                          where, f.type);
