@@ -270,10 +270,8 @@ static symm_status root_rendezvous(symm_world *w, const symm_wenv *env)
     z->l.fd = -1; /* nothing to close until root_listen binds */
     symm_status st = root_listen(env, &z->l);
     z->root.lfd = z->l.fd;
-    double deadline = symm_wio_now() + w->timeout_s;
     if (st == SYMM_OK)
-        st = symm_wroot_wait(&z->root, deadline);
-    symm_wroot_close_pending(&z->root);
+        st = symm_wroot_wait(&z->root);
     if (z->l.fd >= 0)
         listener_close(&z->l);
     if (st == SYMM_OK)
@@ -357,34 +355,40 @@ static symm_status handshake(symm_world *w, const symm_wenv *env, int fd, double
     return SYMM_OK;
 }
 
+typedef struct peer {
+    symm_world *w;
+    const symm_wenv *env;
+} peer;
+
+static symm_status peer_try(void *ctx, double deadline, int *out)
+{
+    const peer *p = ctx;
+    int fd = -1, retry = 1;
+    int c = try_connect(p->env->path, &fd);
+    if (c < 0)
+        return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: connect to %s: %s", p->env->path, strerror(errno));
+    if (c != CONNECT_OK)
+        return SYMM_OK;
+    symm_status st = handshake(p->w, p->env, fd, deadline, &retry);
+    if (st == SYMM_OK && !retry) {
+        *out = fd;
+        return SYMM_OK;
+    }
+    close(fd);
+    return st;
+}
+
+static symm_status peer_timed_out(void *ctx)
+{
+    const peer *p = ctx;
+    return symm_fail(SYMM_ERR_TIMEOUT, "symm_world_create: rank %d could not reach rank 0 within %g s (socket %s)",
+                     p->w->rank, p->w->timeout_s, p->env->path);
+}
+
 static symm_status peer_rendezvous(symm_world *w, const symm_wenv *env)
 {
-    double deadline = symm_wio_now() + w->timeout_s;
-    double backoff = 0.001;
-    for (;;) {
-        int fd = -1, retry = 1;
-        int c = try_connect(env->path, &fd);
-        if (c < 0)
-            return symm_fail(SYMM_ERR_SYSTEM, "symm_world_create: connect to %s: %s", env->path,
-                             strerror(errno));
-        if (c == CONNECT_OK) {
-            symm_status st = handshake(w, env, fd, deadline, &retry);
-            if (st == SYMM_OK && !retry) {
-                w->conn[0] = fd;
-                return SYMM_OK;
-            }
-            close(fd);
-            if (st != SYMM_OK)
-                return st;
-        }
-        double now = symm_wio_now();
-        if (now >= deadline)
-            return symm_fail(SYMM_ERR_TIMEOUT,
-                             "symm_world_create: rank %d could not reach rank 0 within %g s (socket %s)",
-                             w->rank, w->timeout_s, env->path);
-        symm_world_sleep_until(now + backoff < deadline ? now + backoff : deadline);
-        backoff = backoff * 2 < 0.05 ? backoff * 2 : 0.05;
-    }
+    peer p = {.w = w, .env = env};
+    return symm_world_reach_root(w, 0.05, peer_try, peer_timed_out, &p);
 }
 
 /* --- public ---------------------------------------------------------------- */

@@ -236,8 +236,9 @@ SYMM_HIDDEN symm_status symm_world_tcp_rendezvous(symm_world *w, const symm_worl
 
 /* Rank 0's wait for every rank, one poll() loop over the listening socket,
  * the pending connections and the joined ranks; the transport fills in the
- * socket, its pending connections and what differs (below). Its context
- * begins with this struct, so that the functions can reach it. */
+ * socket, its pending connections and what differs (below). The transport's
+ * own state begins with this struct, so that its functions reach the rest by
+ * a cast. */
 typedef struct symm_wroot symm_wroot;
 struct symm_wroot {
     symm_world *w;
@@ -262,11 +263,9 @@ struct symm_wroot {
     symm_status (*timeout)(symm_wroot *z);
 };
 
-/* Run the loop until every rank has joined or something fails. */
-SYMM_HIDDEN symm_status symm_wroot_wait(symm_wroot *z, double deadline);
-
-/* Close the connections still pending. */
-SYMM_HIDDEN void symm_wroot_close_pending(symm_wroot *z);
+/* Run the loop until every rank has joined, the world's timeout has passed
+ * or something fails; the connections still pending are closed. */
+SYMM_HIDDEN symm_status symm_wroot_wait(symm_wroot *z);
 
 /* Refuse a connection with a REFUSE frame (best effort, not closed). */
 SYMM_HIDDEN void symm_wroot_refuse(int fd, uint32_t reason, uint64_t detail);
@@ -285,6 +284,17 @@ SYMM_HIDDEN void symm_world_sleep_until(double t);
  * two refusals. */
 SYMM_HIDDEN symm_status symm_world_refused(const symm_world *w, const symm_world_frame *f, int protocol,
                                            const char *secret, const char *rank);
+
+/* A connecting rank's one try to reach rank 0 and be welcomed: SYMM_OK with
+ * *fd the connection once welcomed, SYMM_OK with *fd -1 to try again after a
+ * pause, or the error that ends the rendezvous. */
+typedef symm_status (*symm_world_try_fn)(void *ctx, double deadline, int *fd);
+
+/* A connecting rank tries until it is welcomed (conn[0] then holds the
+ * connection) or its timeout has passed (timed_out says the error), pausing
+ * from 1 ms, doubled after each try, up to max_pause_s. */
+SYMM_HIDDEN symm_status symm_world_reach_root(symm_world *w, double max_pause_s, symm_world_try_fn attempt,
+                                              symm_status (*timed_out)(void *ctx), void *ctx);
 
 /* A connecting rank's error for rank 0's ERROR frame f on fd: its message
  * and status. */

@@ -1,6 +1,6 @@
 /* world_root.c: rank 0's wait for every rank, whatever the transport (the
- * Unix socket of world.c, the TCP of world_tcp.c), and what both sides of
- * either rendezvous say alike.
+ * Unix socket of world.c, the TCP of world_tcp.c), the other ranks' tries to
+ * reach it, and what both sides of either rendezvous say alike.
  *
  * One poll() loop watches the listening socket, the connections that have not
  * yet said who they are and the ranks that have joined, so that no single
@@ -99,26 +99,23 @@ static symm_status root_round(symm_wroot *z, struct pollfd *pfd, int *who, doubl
     return SYMM_OK;
 }
 
-symm_status symm_wroot_wait(symm_wroot *z, double deadline)
+symm_status symm_wroot_wait(symm_wroot *z)
 {
     const size_t n = (size_t)(1 + SYMM_WROOT_MAX_PENDING + z->w->size);
     struct pollfd *pfd = calloc(n, sizeof *pfd);
     int *who = calloc(n, sizeof *who);
+    double deadline = symm_wio_now() + z->w->timeout_s;
     symm_status st = SYMM_OK;
     if (!pfd || !who)
         st = symm_fail(SYMM_ERR_NOMEM, "symm_world_create: out of host memory");
     while (st == SYMM_OK && z->joined < z->w->size)
         st = root_round(z, pfd, who, deadline);
-    free(who);
-    free(pfd);
-    return st;
-}
-
-void symm_wroot_close_pending(symm_wroot *z)
-{
     for (int i = 0; i < z->npend; i++)
         close(pend_fd(z, i));
     z->npend = 0;
+    free(who);
+    free(pfd);
+    return st;
 }
 
 void symm_wroot_refuse(int fd, uint32_t reason, uint64_t detail)
@@ -164,6 +161,26 @@ symm_status symm_world_refused(const symm_world *w, const symm_world_frame *f, i
         break;
     }
     return symm_fail(SYMM_ERR_PEER, "symm_world_create: rank 0 refused this rank (%d): %s", w->rank, why);
+}
+
+symm_status symm_world_reach_root(symm_world *w, double max_pause_s, symm_world_try_fn attempt,
+                                  symm_status (*timed_out)(void *ctx), void *ctx)
+{
+    double deadline = symm_wio_now() + w->timeout_s;
+    double backoff = 0.001;
+    for (;;) {
+        int fd = -1;
+        SYMM_TRY(attempt(ctx, deadline, &fd));
+        if (fd >= 0) {
+            w->conn[0] = fd;
+            return SYMM_OK;
+        }
+        double now = symm_wio_now();
+        if (now >= deadline)
+            return timed_out(ctx);
+        symm_world_sleep_until(now + backoff < deadline ? now + backoff : deadline);
+        backoff = backoff * 2 < max_pause_s ? backoff * 2 : max_pause_s;
+    }
 }
 
 symm_status symm_world_adopt_error(int fd, const symm_world_frame *f)

@@ -511,10 +511,8 @@ static symm_status root_rendezvous(symm_world *w, const symm_world_config *cfg, 
                                   .local_size = cfg->local_size};
     memcpy(z->info[0].host_id, env->host_id, sizeof env->host_id);
     symm_status st = w->size > 1 ? root_listen(env, &z->root.lfd) : SYMM_OK;
-    double deadline = symm_wio_now() + w->timeout_s;
     if (st == SYMM_OK)
-        st = symm_wroot_wait(&z->root, deadline);
-    symm_wroot_close_pending(&z->root);
+        st = symm_wroot_wait(&z->root);
     if (z->root.lfd >= 0)
         close(z->root.lfd);
     host_table t = {0};
@@ -711,34 +709,44 @@ static symm_status handshake(symm_world *w, const symm_world_config *cfg, const 
     return read_welcome(w, fd, &f, deadline + symm_world_grace(w->timeout_s), where);
 }
 
+typedef struct peer {
+    symm_world *w;
+    const symm_world_config *cfg;
+    const symm_wenv *env;
+    char why[512]; /* what the last try met, for the timeout's message */
+} peer;
+
+static symm_status peer_try(void *ctx, double deadline, int *out)
+{
+    peer *p = ctx;
+    int fd = -1, retry = 1;
+    try_connect(p->env, deadline, &fd, p->why, sizeof p->why);
+    if (fd < 0)
+        return SYMM_OK;
+    symm_status st = handshake(p->w, p->cfg, p->env, fd, deadline, &retry);
+    if (st == SYMM_OK && !retry) {
+        *out = fd;
+        return SYMM_OK;
+    }
+    close(fd);
+    if (st == SYMM_OK)
+        snprintf(p->why, sizeof p->why, "rank 0 closed the connection before answering");
+    return st;
+}
+
+static symm_status peer_timed_out(void *ctx)
+{
+    const peer *p = ctx;
+    char where[SYMM_WORLD_ADDR_MAX + 16];
+    addr_text(p->env, where, sizeof where);
+    return symm_fail(SYMM_ERR_TIMEOUT, "%s: rank %d (host %s) could not reach rank 0 at %s (%s) within %g s (last: "
+                     "%s)", call, p->w->rank, p->env->host_id, where, p->env->root_var, p->w->timeout_s, p->why);
+}
+
 static symm_status peer_rendezvous(symm_world *w, const symm_world_config *cfg, const symm_wenv *env)
 {
-    double deadline = symm_wio_now() + w->timeout_s;
-    double backoff = 0.001;
-    char why[512] = "no answer", where[SYMM_WORLD_ADDR_MAX + 16];
-    addr_text(env, where, sizeof where);
-    for (;;) {
-        int fd = -1, retry = 1;
-        try_connect(env, deadline, &fd, why, sizeof why);
-        if (fd >= 0) {
-            symm_status st = handshake(w, cfg, env, fd, deadline, &retry);
-            if (st == SYMM_OK && !retry) {
-                w->conn[0] = fd;
-                return SYMM_OK;
-            }
-            close(fd);
-            if (st != SYMM_OK)
-                return st;
-            snprintf(why, sizeof why, "rank 0 closed the connection before answering");
-        }
-        double now = symm_wio_now();
-        if (now >= deadline)
-            return symm_fail(SYMM_ERR_TIMEOUT, "%s: rank %d (host %s) could not reach rank 0 at %s (%s) within "
-                             "%g s (last: %s)", call, w->rank, env->host_id, where, env->root_var, w->timeout_s,
-                             why);
-        symm_world_sleep_until(now + backoff < deadline ? now + backoff : deadline);
-        backoff = backoff * 2 < 0.1 ? backoff * 2 : 0.1;
-    }
+    peer p = {.w = w, .cfg = cfg, .env = env, .why = "no answer"};
+    return symm_world_reach_root(w, 0.1, peer_try, peer_timed_out, &p);
 }
 
 /* --- the host world -------------------------------------------------------- */
