@@ -476,11 +476,16 @@ static symm_status send_welcome(symm_world *w, const host_table *t)
     return st;
 }
 
+/* Frees what t holds and leaves it empty, so that freeing it again (after
+ * a failed table_alloc) does nothing. */
 static void table_free(host_table *t)
 {
     free(t->host_of);
     free(t->local_of);
     free(t->ids);
+    t->host_of = NULL;
+    t->local_of = NULL;
+    t->ids = NULL;
 }
 
 static symm_status table_alloc(host_table *t, int size, int hosts)
