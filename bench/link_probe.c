@@ -20,7 +20,11 @@
  * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
  * pull (the peer's A -> this rank's B); sum local (A + C -> B), sum pull
  * (this rank's A + the peer's A -> B); load local or pull (A), store local
- * or push (B). The peer is rank + 1 (mod world).
+ * or push (B). The peer is rank + 1 (mod world). With more than two ranks,
+ * spread (tma and lsu): this rank's A to every peer at once, CHUNK bytes at
+ * a time, chunk c to the (c mod (W - 1))-th rank after this one, at its own
+ * offset of that rank's B: all-to-all traffic, what dispatch and combine
+ * make at world W (issue 29).
  * A row's time is the slowest rank's (an allgather) per repetition; the table
  * gives the median and p90 over --reps, the bytes each SM loads and stores
  * per second (the SM's traffic), and the bytes that cross to or from the peer
@@ -90,6 +94,59 @@ static const char probe_source[] =
     "    if (lane == 0)\n"
     "        asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n"
     "}\n"
+    "// spread: chunk c goes to peer c mod npeers (dst.p[that]) at its own offset,\n"
+    "// so that every link carries a share at every moment, as dispatch's rows do.\n"
+    "struct Peers { char *p[7]; };\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) tma_spread(const char *src, Peers dst, u32 npeers, u64 bytes, u32 chunk)\n"
+    "{\n"
+    "    extern __shared__ __align__(128) char buf[];\n"
+    "    __shared__ u64 bars[32];\n"
+    "    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
+    "    u64 *bar = bars + 2 * warp;\n"
+    "    char *slots = buf + 2 * warp * chunk;\n"
+    "    if (lane < 2) {\n"
+    "        asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\" ::\"r\"(smem(bar + lane)) : \"memory\");\n"
+    "        asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
+    "    }\n"
+    "    __syncwarp();\n"
+    "    const u64 chunks = (bytes + chunk - 1) / chunk, warps = (u64)gridDim.x * 16;\n"
+    "    u32 phases = 0, s = 0;\n"
+    "    for (u64 c = (u64)blockIdx.x * 16 + warp; c < chunks; c += warps) {\n"
+    "        const u32 len = (u32)(bytes - c * chunk < chunk ? bytes - c * chunk : chunk);\n"
+    "        char *d = dst.p[c % npeers];\n"
+    "        if (lane == 0) {\n"
+    "            asm volatile(\"cp.async.bulk.wait_group.read 1;\" ::: \"memory\");\n"
+    "            asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" ::\"r\"(smem(bar + s)), \"r\"(len) : \"memory\");\n"
+    "            asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\"\n"
+    "                         ::\"r\"(smem(slots + s * chunk)), \"l\"(src + c * chunk), \"r\"(len), \"r\"(smem(bar + s)) : \"memory\");\n"
+    "            bar_wait(bar + s, (phases >> s) & 1);\n"
+    "            asm volatile(\"cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\"\n"
+    "                         ::\"l\"(d + c * chunk), \"r\"(smem(slots + s * chunk)), \"r\"(len) : \"memory\");\n"
+    "            asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");\n"
+    "        }\n"
+    "        phases ^= 1u << s;\n"
+    "        s ^= 1;\n"
+    "    }\n"
+    "    if (lane == 0)\n"
+    "        asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n"
+    "}\n"
+    "// spread through the lanes: vector i of chunk i / (chunk / 16) to that chunk's peer.\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_spread(const int4 *src, Peers dst, u32 npeers, u64 n, u32 chunk)\n"
+    "{\n"
+    "    const u64 stride = (u64)gridDim.x * 512, per = chunk / 16;\n"
+    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
+    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
+    "        int4 v[8];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) v[u] = src[i + u * stride];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++) {\n"
+    "            const u64 j = i + u * stride;\n"
+    "            reinterpret_cast<int4 *>(dst.p[(j / per) % npeers])[j] = v[u];\n"
+    "        }\n"
+    "    }\n"
+    "    for (; i < n; i += stride) reinterpret_cast<int4 *>(dst.p[(i / per) % npeers])[i] = src[i];\n"
+    "}\n"
     "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_copy(const int4 *src, int4 *dst, u64 n)\n"
     "{\n"
     "    const u64 stride = (u64)gridDim.x * 512;\n"
@@ -145,7 +202,9 @@ static const char probe_source[] =
     "}\n";
 
 typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_COUNT } kernel_kind;
-typedef enum { M_LOCAL, M_PUSH, M_PULL } mode_kind;
+/* M_SPREAD: push to every peer at once, chunk c (CHUNK bytes) to the
+ * (c mod (W - 1))-th rank after this one; only where W > 2, tma and lsu. */
+typedef enum { M_LOCAL, M_PUSH, M_PULL, M_SPREAD, M_COUNT } mode_kind;
 
 typedef struct probe {
     const symm_cuda_api *cu;
@@ -160,6 +219,7 @@ typedef struct probe {
     bool shared_gpu;
     CUmodule mod;
     CUfunction fn[K_COUNT];
+    CUfunction spread[2]; /* tma_spread, lsu_spread */
     CUstream stream;
     CUevent ev[2];
     double *samples;
@@ -272,6 +332,9 @@ static void setup(probe *p)
     for (int k = 0; k < K_COUNT; k++)
         check(p, symm_jit_get_function(p->mod, names[k], &p->fn[k]), names[k]);
     CU(p, cuFuncSetAttribute(p->fn[K_TMA], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
+    check(p, symm_jit_get_function(p->mod, "tma_spread", &p->spread[0]), "tma_spread");
+    check(p, symm_jit_get_function(p->mod, "lsu_spread", &p->spread[1]), "lsu_spread");
+    CU(p, cuFuncSetAttribute(p->spread[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
     CU(p, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     for (int i = 0; i < 2; i++)
         CU(p, cuEventCreate(&p->ev[i], CU_EVENT_DEFAULT));
@@ -300,8 +363,29 @@ static void fill(probe *p)
     check(p, symm_world_barrier(p->world), "barrier");
 }
 
+/* The rank whose spread lands in chunk c of this rank's B (M_SPREAD). */
+static int spread_source(const probe *p, size_t c)
+{
+    return (int)(((size_t)p->rank + 2 * (size_t)p->size - 1 - c % (size_t)(p->size - 1)) % (size_t)p->size);
+}
+
 static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
 {
+    if (m == M_SPREAD) {
+        struct { CUdeviceptr p[7]; } peers;
+        memset(&peers, 0, sizeof peers);
+        unsigned npeers = (unsigned)(p->size - 1);
+        for (unsigned j = 0; j < npeers; j++)
+            peers.p[j] = region(p, (p->rank + 1 + (int)j) % p->size, 1);
+        CUdeviceptr src = region(p, p->rank, 0);
+        unsigned long long bytes = p->bytes, vecs = p->bytes / 16;
+        unsigned chunk = CHUNK;
+        void *args_tma[] = {&src, &peers, &npeers, &bytes, &chunk};
+        void *args_lsu[] = {&src, &peers, &npeers, &vecs, &chunk};
+        CU(p, cuLaunchKernel(p->spread[k == K_TMA ? 0 : 1], (unsigned)sms, 1, 1, 512, 1, 1, k == K_TMA ? COPY_SMEM : 0,
+                             p->stream, k == K_TMA ? args_tma : args_lsu, NULL));
+        return;
+    }
     const int src_rank = m == M_PULL ? p->peer : p->rank, dst_rank = m == M_PUSH ? p->peer : p->rank;
     CUdeviceptr src = region(p, src_rank, 0), dst = region(p, dst_rank, 1);
     CUdeviceptr other = m == M_PULL ? region(p, p->peer, 0) : region(p, p->rank, 2);
@@ -360,12 +444,17 @@ static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
     const size_t at[3] = {0, p->bytes / 2, p->bytes - sizeof got};
     for (int i = 0; i < 3; i++) {
         CU(p, cuMemcpyDtoH(got, region(p, p->rank, 1) + at[i], sizeof got));
-        for (size_t j = 0; j < sizeof got / 4; j++)
+        for (size_t j = 0; j < sizeof got / 4; j++) {
+            if (m == M_SPREAD) { /* each chunk from its own source rank */
+                const unsigned w = 0x3f800000u + (unsigned)spread_source(p, (at[i] + 4 * j) / CHUNK) * 0x10000u;
+                memcpy(&want, &w, 4);
+            }
             if (memcmp(&got[j], &want, 4) != 0) {
                 fprintf(stderr, "link_probe: rank %d: B[%zu] = %g after the run, expected %g\n", p->rank,
                         at[i] / 4 + j, (double)got[j], (double)want);
                 return false;
             }
+        }
     }
     return true;
 }
@@ -379,7 +468,7 @@ static int by_value(const void *a, const void *b)
 static void row(probe *p, kernel_kind k, mode_kind m, int sms)
 {
     static const char *const kname[K_COUNT] = {"tma", "lsu", "sum", "load", "store"};
-    static const char *const mname[3] = {"local", "push", "pull"};
+    static const char *const mname[M_COUNT] = {"local", "push", "pull", "spread"};
     fill(p);
     launch(p, k, m, sms);
     bool ok = check_result(p, k, m, sms);
@@ -450,7 +539,9 @@ int main(int argc, char **argv)
     for (int s = 0; s < p.n_sms; s++) {
         const int sms = p.sms[s] < p.sm_count ? p.sms[s] : p.sm_count;
         for (int k = 0; k < K_COUNT; k++)
-            for (int m = 0; m < 3; m++) {
+            for (int m = 0; m < M_COUNT; m++) {
+                if (m == M_SPREAD && (p.size < 3 || (k != K_TMA && k != K_LSU)))
+                    continue; /* spread: tma and lsu where there are several peers */
                 if ((k == K_SUM || k == K_LOAD) && m == M_PUSH)
                     continue; /* a sum or a load is pulled or local */
                 if (k == K_STORE && m == M_PULL)

@@ -14,7 +14,9 @@
 #        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
 #        models, nccl, world4, worlds, world8, sanitize, variant,
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
-#        selfcheck, bench, profile, inline, tune, dedup, proxy, rtbench,
+#        selfcheck, bench, profile (rows PROFILE_GROUPS at the host's world),
+#        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
+#        world), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
@@ -152,8 +154,18 @@ for s in "$@"; do
             "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \
             "$build/tests-gpu/test_variant" ;;
     bench) step bench 420 env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
-    profile) step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
-            --manifest out/bench/manifest.json --groups a,b --no-nccl --profile ;;
+    profile) # phase times of rows PROFILE_GROUPS (a,b) at the host's world, a rank per GPU
+        pm=out/bench/manifest.json
+        if [ "$ngpu" -ne 2 ]; then
+            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
+            pm=out/bench-w$ngpu/manifest.json
+        fi
+        step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" \
+            --manifest "$pm" --groups "${PROFILE_GROUPS:-a,b}" --no-nccl --profile ;;
+    sweep) # rows SWEEP_GROUPS (a,b,f) with the tunings SWEEP_TUNINGS at the host's world (SWEEP_WORLD)
+        step sweep 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/sweep" BENCH_WORLD="${SWEEP_WORLD:-$ngpu}" \
+            scripts/bench-tune.sh --groups "${SWEEP_GROUPS:-a,b,f}" ${SWEEP_TUNINGS:-default}
+          [ -f "$out/sweep/tune.md" ] && cp "$out/sweep/tune.md" "$final/sweep.md" ;;
     inline) step inline 200 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b,f --no-nccl --inline-events ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
