@@ -175,8 +175,7 @@ static symm_status connect_peers(symm_variant *v)
                 st = symm_nccl_check(nc, comm, nc->ncclRecv((void *)h->d_ret, 8, ncclUint8, peer, comm, stream),
                                      "ncclRecv");
         }
-        const symm_status end = symm_nccl_check(nc, comm, nc->ncclGroupEnd(), "ncclGroupEnd");
-        st = st != SYMM_OK ? st : end;
+        st = symm_vhost_group_end(nc, comm, st);
     }
     if (st == SYMM_OK)
         st = wait_work(v, stream, true, "connecting the peers (NCCL)");
