@@ -26,26 +26,26 @@
  *
  * Because the host waits inside dispatch, a call during stream capture is
  * refused. Every host wait polls with the variant's timeout and watches
- * NCCL's asynchronous error, as the NCCL backend's do; a failure in dispatch
- * or combine is sticky (the ranks no longer agree on where the exchange
- * stands): later calls fail at once until the variant is destroyed. */
-#include <sched.h>
-#include <stdio.h>
+ * NCCL's asynchronous error, with the NCCL backend's code (variant_host.c);
+ * a failure in dispatch or combine is sticky (the ranks no longer agree on
+ * where the exchange stands): later calls fail at once until the variant is
+ * destroyed. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda_api.h"
 #include "heap_internal.h"
 #include "hybrid_plan.h"
 #include "nccl_api.h"
 #include "symm_nccl.h"
+#include "variant_host.h"
 #include "variant_internal.h"
-#include "world_internal.h"
 
 struct symm_variant_hybrid {
     symm_variant *companion;
-    symm_nccl *comm;
+    symm_vhost vhost;        /* the communicator over the world, the event after each call's work (the next
+                                dispatch's stream, and destroy, wait for it), the sticky failure (a call
+                                failed: later calls fail with it) */
     const symm_nccl_api *api;
     symm_alloc *table;       /* host world: [2][fwd_max] {rank, token} of the forwarded tokens */
     int hosts, local, host, lidx;
@@ -58,23 +58,14 @@ struct symm_variant_hybrid {
     /* device */
     CUdeviceptr d_counts, d_send_index, d_self_dst, d_send_x, d_send_scales, d_send_topk, d_send_weights,
         d_send_origin, d_fwd_x, d_fwd_scales, d_fwd_topk, d_fwd_weights, d_src, d_comb_out, d_ret, d_slot;
-    CUevent done;            /* after each call's work: the next dispatch's stream, and destroy, wait for it */
     /* the last dispatch */
     int tokens, forwarded, send_rows, invalid, clamped, parity;
     uint64_t calls;
-    symm_status failed;      /* a call failed: later calls fail with this */
-    char failure[512];       /* ... and this message */
 };
 
-static symm_status host_alloc(const symm_cuda_api *cu, void *out, size_t bytes)
-{
-    return symm_cuda_check(cu->cuMemAllocHost((void **)out, bytes ? bytes : 16), "cuMemAllocHost (hybrid backend)");
-}
-
-static symm_status dev_alloc(const symm_cuda_api *cu, CUdeviceptr *out, size_t bytes)
-{
-    return symm_cuda_check(cu->cuMemAlloc(out, bytes ? bytes : 16), "cuMemAlloc (hybrid backend)");
-}
+static const char capture_reason[] = "the hybrid backend cannot run inside CUDA graph capture (it routes on the "
+                                     "host and NCCL needs the counts there); capture the native backend within "
+                                     "one host";
 
 symm_status symm_variant_hybrid_check(symm_world *world, const symm_variant_desc *desc,
                                       const symm_variant_desc **companion)
@@ -111,38 +102,46 @@ static symm_status hybrid_buffers(symm_variant *v)
     h->fwd_first = calloc((size_t)H, sizeof(int32_t));
     if (!h->send_count || !h->send_first || !h->fwd_count || !h->fwd_first)
         return symm_fail(SYMM_ERR_NOMEM, "hybrid backend: out of host memory");
-    SYMM_TRY(host_alloc(cu, &h->h_tokens, 16));
-    SYMM_TRY(host_alloc(cu, &h->h_topk, T * K * 4));
-    SYMM_TRY(host_alloc(cu, &h->h_weights, d->weights ? T * K * 4 : 0));
-    SYMM_TRY(host_alloc(cu, &h->h_send_token, S * 4));
-    SYMM_TRY(host_alloc(cu, &h->h_send_topk, S * K * 4));
-    SYMM_TRY(host_alloc(cu, &h->h_send_weights, d->weights ? S * K * 4 : 0));
-    SYMM_TRY(host_alloc(cu, &h->h_send_origin, S * 8));
-    SYMM_TRY(host_alloc(cu, &h->h_slot, T * (size_t)H * 4));
-    SYMM_TRY(host_alloc(cu, &h->h_counts, (size_t)W * H * 4));
-    SYMM_TRY(host_alloc(cu, &h->h_self_dst, T * 4));
-    SYMM_TRY(dev_alloc(cu, &h->d_counts, (size_t)W * H * 4));
-    SYMM_TRY(dev_alloc(cu, &h->d_send_index, S * 4));
-    SYMM_TRY(dev_alloc(cu, &h->d_self_dst, T * 4));
-    SYMM_TRY(dev_alloc(cu, &h->d_send_x, S * row));
-    SYMM_TRY(dev_alloc(cu, &h->d_send_scales, fp8 ? S * sc : 0));
-    SYMM_TRY(dev_alloc(cu, &h->d_send_topk, S * K * 4));
-    SYMM_TRY(dev_alloc(cu, &h->d_send_weights, d->weights ? S * K * 4 : 0));
-    SYMM_TRY(dev_alloc(cu, &h->d_send_origin, S * 8));
-    SYMM_TRY(dev_alloc(cu, &h->d_fwd_x, F * row));
-    SYMM_TRY(dev_alloc(cu, &h->d_fwd_scales, fp8 ? F * sc : 0));
-    SYMM_TRY(dev_alloc(cu, &h->d_fwd_topk, F * K * 4));
-    SYMM_TRY(dev_alloc(cu, &h->d_fwd_weights, d->weights ? F * K * 4 : 0));
-    SYMM_TRY(dev_alloc(cu, &h->d_src, (size_t)d->capacity * 16));
-    SYMM_TRY(dev_alloc(cu, &h->d_comb_out, F * crow));
-    SYMM_TRY(dev_alloc(cu, &h->d_ret, S * crow));
-    SYMM_TRY(dev_alloc(cu, &h->d_slot, T * (size_t)H * 4));
+    const symm_vhost *vh = &h->vhost;
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_tokens, 16));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_topk, T * K * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_weights, d->weights ? T * K * 4 : 0));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_send_token, S * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_send_topk, S * K * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_send_weights, d->weights ? S * K * 4 : 0));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_send_origin, S * 8));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_slot, T * (size_t)H * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_counts, (size_t)W * H * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &h->h_self_dst, T * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_counts, (size_t)W * H * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_send_index, S * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_self_dst, T * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_send_x, S * row));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_send_scales, fp8 ? S * sc : 0));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_send_topk, S * K * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_send_weights, d->weights ? S * K * 4 : 0));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_send_origin, S * 8));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_fwd_x, F * row));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_fwd_scales, fp8 ? F * sc : 0));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_fwd_topk, F * K * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_fwd_weights, d->weights ? F * K * 4 : 0));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_src, (size_t)d->capacity * 16));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_comb_out, F * crow));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_ret, S * crow));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &h->d_slot, T * (size_t)H * 4));
     SYMM_CU(cu, cuMemsetD8(h->d_src, 0, (size_t)d->capacity * 16));
-    SYMM_CU(cu, cuEventCreate(&h->done, CU_EVENT_DISABLE_TIMING));
+    SYMM_CU(cu, cuEventCreate(&h->vhost.done, CU_EVENT_DISABLE_TIMING));
     return SYMM_OK;
 }
 
-static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, const char *what);
+/* Wait (symm_vhost_wait) for the stream's work (use_stream) or the last
+ * call's; the callers make a failure sticky. */
+static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, const char *what)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    return symm_vhost_wait(&v->hybrid->vhost, v, cu, stream, use_stream, what);
+}
 
 /* NCCL connects peers inside the host calls of a communicator's first
  * operations and waits there for a peer with no timeout of its own (the
@@ -155,7 +154,7 @@ static symm_status connect_peers(symm_variant *v)
     const symm_nccl_api *nc = h->api;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(h->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(h->vhost.comm);
     CUstream stream;
     SYMM_CU(cu, cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     const CUdeviceptr mine = h->d_counts + (size_t)v->rank * h->hosts * 4;
@@ -176,8 +175,7 @@ static symm_status connect_peers(symm_variant *v)
                 st = symm_nccl_check(nc, comm, nc->ncclRecv((void *)h->d_ret, 8, ncclUint8, peer, comm, stream),
                                      "ncclRecv");
         }
-        const symm_status end = symm_nccl_check(nc, comm, nc->ncclGroupEnd(), "ncclGroupEnd");
-        st = st != SYMM_OK ? st : end;
+        st = symm_vhost_group_end(nc, comm, st);
     }
     if (st == SYMM_OK)
         st = wait_work(v, stream, true, "connecting the peers (NCCL)");
@@ -195,6 +193,7 @@ symm_status symm_variant_hybrid_setup(symm_variant *v, const symm_variant_desc *
     if (!h)
         return symm_agree(v->world, symm_fail(SYMM_ERR_NOMEM, "hybrid backend: out of host memory"),
                           "hybrid backend: allocating buffers");
+    symm_vhost_init(&h->vhost, "hybrid backend", SYMM_VHOST_CALLER_STICKY);
     symm_world *host_world = symm_world_host_world(v->world);
     h->hosts = symm_world_host_count(v->world);
     h->local = symm_world_local_size(v->world);
@@ -217,7 +216,7 @@ symm_status symm_variant_hybrid_setup(symm_variant *v, const symm_variant_desc *
      * before the world's communicator is made). */
     local = symm_alloc_create(host_world, v->host_dev, (size_t)2 * (size_t)h->fwd_max * 8, 0, &h->table);
     SYMM_TRY(symm_agree(v->world, local, "hybrid backend: the tables of forwarded tokens"));
-    SYMM_TRY(symm_nccl_create(v->world, v->dev, &h->comm));
+    SYMM_TRY(symm_nccl_create(v->world, v->dev, &h->vhost.comm));
     return symm_agree(v->world, connect_peers(v), "hybrid backend: connecting the peers");
 }
 
@@ -227,23 +226,13 @@ void symm_variant_hybrid_release(symm_variant *v)
     if (!h)
         return;
     const symm_cuda_api *cu;
-    if (symm_cuda(&cu) == SYMM_OK) {
-        void *hosts[] = {h->h_tokens, h->h_topk, h->h_weights, h->h_send_token, h->h_send_topk,
-                         h->h_send_weights, h->h_send_origin, h->h_slot, h->h_counts, h->h_self_dst};
-        for (size_t i = 0; i < SYMM_ARRAY_LEN(hosts); i++)
-            if (hosts[i])
-                cu->cuMemFreeHost(hosts[i]);
-        CUdeviceptr devs[] = {h->d_counts, h->d_send_index, h->d_self_dst, h->d_send_x, h->d_send_scales,
-                              h->d_send_topk, h->d_send_weights, h->d_send_origin, h->d_fwd_x, h->d_fwd_scales,
-                              h->d_fwd_topk, h->d_fwd_weights, h->d_src, h->d_comb_out, h->d_ret, h->d_slot};
-        for (size_t i = 0; i < SYMM_ARRAY_LEN(devs); i++)
-            if (devs[i])
-                cu->cuMemFree(devs[i]);
-        if (h->done)
-            cu->cuEventDestroy(h->done);
-    }
-    if (h->comm)
-        symm_nccl_destroy(h->comm);
+    void *hosts[] = {h->h_tokens, h->h_topk, h->h_weights, h->h_send_token, h->h_send_topk,
+                     h->h_send_weights, h->h_send_origin, h->h_slot, h->h_counts, h->h_self_dst};
+    const CUdeviceptr devs[] = {h->d_counts, h->d_send_index, h->d_self_dst, h->d_send_x, h->d_send_scales,
+                                h->d_send_topk, h->d_send_weights, h->d_send_origin, h->d_fwd_x, h->d_fwd_scales,
+                                h->d_fwd_topk, h->d_fwd_weights, h->d_src, h->d_comb_out, h->d_ret, h->d_slot};
+    symm_vhost_release(&h->vhost, symm_cuda(&cu) == SYMM_OK ? cu : NULL, hosts, SYMM_ARRAY_LEN(hosts), devs,
+                       SYMM_ARRAY_LEN(devs));
     if (h->table)
         symm_alloc_destroy(h->table);
     if (h->companion)
@@ -260,102 +249,23 @@ symm_status symm_variant_hybrid_refuse_capture(const symm_variant *v, CUstream s
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    CUstreamCaptureStatus status;
-    SYMM_CU(cu, cuStreamIsCapturing(stream, &status));
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
-        return symm_fail(SYMM_ERR_STATE,
-                         "%s %s: the hybrid backend cannot run inside CUDA graph capture (it routes on the host "
-                         "and NCCL needs the counts there); capture the native backend within one host",
-                         v->desc->name, op);
-    return SYMM_OK;
-}
-
-/* After a failure in a call: no more calls on this variant. Aborting the
- * communicator makes NCCL's kernels that still wait for a peer return. */
-static symm_status fail_sticky(symm_variant *v, symm_status st)
-{
-    struct symm_variant_hybrid *h = v->hybrid;
-    h->failed = st;
-    snprintf(h->failure, sizeof h->failure, "%s", symm_last_error());
-    if (h->comm) {
-        symm_nccl_abort(h->comm);
-        h->comm = NULL;
-    }
-    return symm_fail(st, "%s", h->failure);
+    return symm_vhost_refuse_capture(v, cu, stream, op, capture_reason);
 }
 
 symm_status symm_variant_hybrid_failure(const symm_variant *v, const char *op)
 {
-    const struct symm_variant_hybrid *h = v->hybrid;
-    if (!h || !h->failed)
-        return SYMM_OK;
-    return symm_fail(h->failed, "%s %s (hybrid backend): an earlier call failed: %s", v->desc->name, op,
-                     h->failure);
-}
-
-/* Wait until the stream's work (use_stream) or the last call's (event done)
- * is complete: polls, SYMM_ERR_NCCL when NCCL reports an error and
- * SYMM_ERR_TIMEOUT after the variant's timeout (the caller makes them
- * sticky). */
-static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, const char *what)
-{
-    struct symm_variant_hybrid *h = v->hybrid;
-    const symm_cuda_api *cu;
-    SYMM_TRY(symm_cuda(&cu));
-    const double t0 = symm_wio_now(), limit = (double)v->timeout_ns * 1e-9;
-    for (unsigned polls = 0;; polls++) {
-        CUresult r = use_stream ? cu->cuStreamQuery(stream) : cu->cuEventQuery(h->done);
-        if (r == CUDA_SUCCESS)
-            return SYMM_OK;
-        if (r != CUDA_ERROR_NOT_READY)
-            return symm_cuda_check(r, use_stream ? "cuStreamQuery" : "cuEventQuery");
-        if (h->comm && symm_nccl_check_async(h->comm) != SYMM_OK)
-            return symm_fail_context(SYMM_ERR_NCCL, "rank %d: waiting for %s: ", v->rank, what);
-        const double waited = symm_wio_now() - t0;
-        if (waited > limit)
-            return symm_fail(SYMM_ERR_TIMEOUT,
-                             "rank %d: %s did not complete within the variant's timeout of %g s: a peer did not "
-                             "arrive (NCCL cannot tell which); destroy the variant", v->rank, what, limit);
-        if (waited > 200e-6) {
-            if (polls % 16 == 0) {
-                struct timespec ts = {0, 50000};
-                nanosleep(&ts, NULL);
-            } else {
-                sched_yield();
-            }
-        }
-    }
+    return symm_vhost_failure(v->hybrid ? &v->hybrid->vhost : NULL, v, op);
 }
 
 symm_status symm_variant_hybrid_quiesce(symm_variant *v)
 {
     struct symm_variant_hybrid *h = v->hybrid;
-    if (!h || !h->done || h->failed)
+    if (!h || !h->vhost.done || h->vhost.failed)
         return SYMM_OK;
     symm_status st = wait_work(v, NULL, false, "the last call's work");
     if (st != SYMM_OK)
-        return fail_sticky(v, st);
+        return symm_vhost_fail(&h->vhost, st);
     return SYMM_OK;
-}
-
-#define GROUP_OP(call)                                                                  \
-    do {                                                                                \
-        if (st == SYMM_OK)                                                              \
-            st = symm_nccl_check(nc, comm, nc->call, #call);                            \
-    } while (0)
-
-static symm_status group_end(const symm_nccl_api *nc, ncclComm_t comm, symm_status st)
-{
-    const symm_status end = symm_nccl_check(nc, comm, nc->ncclGroupEnd(), "ncclGroupEnd");
-    return st != SYMM_OK ? st : end;
-}
-
-/* Blocks for a grid-stride kernel over items, per_block items a block, at
- * most 4096. */
-static unsigned grid_for(int64_t items, int per_block)
-{
-    const int64_t blocks = (items + per_block - 1) / per_block;
-    return (unsigned)(blocks < 1 ? 1 : blocks < 4096 ? blocks : 4096);
 }
 
 /* This call's table of forwarded tokens (parity of the call). */
@@ -371,14 +281,14 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
     const symm_nccl_api *nc = h->api;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(h->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(h->vhost.comm);
     const int H = h->hosts, L = h->local, K = d->topk, me = v->rank;
     const size_t row = (size_t)d->hidden * symm_dtype_size(d->dtype), sc = (size_t)d->hidden / SYMM_FP8_BLOCK * 4;
     const int fp8 = d->dtype == SYMM_DTYPE_FP8_E4M3;
     /* After the last call's work (maybe on another stream): the waits below
      * wait for it too before the host arrays, the sources of its copies, are
      * rewritten. */
-    SYMM_CU(cu, cuStreamWaitEvent(stream, h->done, 0));
+    SYMM_CU(cu, cuStreamWaitEvent(stream, h->vhost.done, 0));
 
     /* 1. T and the top-k ids (and weights) on the host. */
     int T = a->tokens;
@@ -441,7 +351,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         int64_t rows = r.rows, self_first = own_from, self_rows = own;
         void *params[] = {&x, &scales, &h->d_send_index, &rows, &self_first, &self_rows, &h->d_self_dst,
                           &h->d_send_x, &h->d_send_scales, &h->d_fwd_x, &h->d_fwd_scales};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_gather, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_gather, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
                                    params, NULL));
     }
     if (own > 0) {
@@ -462,29 +372,29 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         if (g == h->host || n == 0)
             continue;
         const int peer = g * L + h->lidx;
-        GROUP_OP(ncclSend((const void *)(h->d_send_x + at * row), n * row, ncclUint8, peer, comm, stream));
+        SYMM_GROUP_OP(ncclSend((const void *)(h->d_send_x + at * row), n * row, ncclUint8, peer, comm, stream));
         if (fp8)
-            GROUP_OP(ncclSend((const void *)(h->d_send_scales + at * sc), n * sc, ncclUint8, peer, comm, stream));
-        GROUP_OP(ncclSend((const void *)(h->d_send_topk + at * K * 4), n * K * 4, ncclUint8, peer, comm, stream));
+            SYMM_GROUP_OP(ncclSend((const void *)(h->d_send_scales + at * sc), n * sc, ncclUint8, peer, comm, stream));
+        SYMM_GROUP_OP(ncclSend((const void *)(h->d_send_topk + at * K * 4), n * K * 4, ncclUint8, peer, comm, stream));
         if (d->weights)
-            GROUP_OP(ncclSend((const void *)(h->d_send_weights + at * K * 4), n * K * 4, ncclUint8, peer, comm,
-                              stream));
-        GROUP_OP(ncclSend((const void *)(h->d_send_origin + at * 8), n * 8, ncclUint8, peer, comm, stream));
+            SYMM_GROUP_OP(ncclSend((const void *)(h->d_send_weights + at * K * 4), n * K * 4, ncclUint8, peer, comm,
+                                   stream));
+        SYMM_GROUP_OP(ncclSend((const void *)(h->d_send_origin + at * 8), n * 8, ncclUint8, peer, comm, stream));
     }
     for (int g = 0; g < H; g++) {
         const size_t n = (size_t)h->fwd_count[g], at = (size_t)h->fwd_first[g];
         if (g == h->host || n == 0)
             continue;
         const int peer = g * L + h->lidx;
-        GROUP_OP(ncclRecv((void *)(h->d_fwd_x + at * row), n * row, ncclUint8, peer, comm, stream));
+        SYMM_GROUP_OP(ncclRecv((void *)(h->d_fwd_x + at * row), n * row, ncclUint8, peer, comm, stream));
         if (fp8)
-            GROUP_OP(ncclRecv((void *)(h->d_fwd_scales + at * sc), n * sc, ncclUint8, peer, comm, stream));
-        GROUP_OP(ncclRecv((void *)(h->d_fwd_topk + at * K * 4), n * K * 4, ncclUint8, peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(h->d_fwd_scales + at * sc), n * sc, ncclUint8, peer, comm, stream));
+        SYMM_GROUP_OP(ncclRecv((void *)(h->d_fwd_topk + at * K * 4), n * K * 4, ncclUint8, peer, comm, stream));
         if (d->weights)
-            GROUP_OP(ncclRecv((void *)(h->d_fwd_weights + at * K * 4), n * K * 4, ncclUint8, peer, comm, stream));
-        GROUP_OP(ncclRecv((void *)(table + at * 8), n * 8, ncclUint8, peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(h->d_fwd_weights + at * K * 4), n * K * 4, ncclUint8, peer, comm, stream));
+        SYMM_GROUP_OP(ncclRecv((void *)(table + at * 8), n * 8, ncclUint8, peer, comm, stream));
     }
-    SYMM_TRY(group_end(nc, comm, st));
+    SYMM_TRY(symm_vhost_group_end(nc, comm, st));
 
     /* 6. The companion's native dispatch over the forwarded tokens. */
     const symm_dispatch_args ca = {
@@ -505,13 +415,13 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         int64_t capacity = d->capacity, table_off = (int64_t)h->parity * h->fwd_max * 8, fwd_max = h->fwd_max;
         int local = L;
         void *params[] = {&cb.src, &cb.rows, &capacity, &peers, &local, &table_off, &fwd_max, &h->d_src};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_hybrid_src, grid_for(capacity, THREADS), 1, 1, THREADS, 1, 1, 0, stream,
+        SYMM_CU(cu, cuLaunchKernel(v->fn_hybrid_src, symm_vhost_grid(capacity, THREADS), 1, 1, THREADS, 1, 1, 0, stream,
                                    params, NULL));
     }
     /* 8. Combine's map, (token, host) to the row its P comes back to. */
     if (T > 0)
         SYMM_CU(cu, cuMemcpyHtoDAsync(h->d_slot, h->h_slot, (size_t)T * H * 4, stream));
-    SYMM_CU(cu, cuEventRecord(h->done, stream));
+    SYMM_CU(cu, cuEventRecord(h->vhost.done, stream));
     h->parity ^= 1;
     h->calls++;
     return SYMM_OK;
@@ -523,7 +433,7 @@ symm_status symm_variant_hybrid_dispatch(symm_variant *v, const symm_dispatch_ar
     symm_status st = dispatch_steps(v, args, stream);
     if (st != SYMM_OK) {
         symm_fail_context(st, "%s dispatch (hybrid backend): ", v->desc->name);
-        return fail_sticky(v, st);
+        return symm_vhost_fail(&v->hybrid->vhost, st);
     }
     return SYMM_OK;
 }
@@ -535,7 +445,7 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     const symm_nccl_api *nc = h->api;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(h->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(h->vhost.comm);
     const int H = h->hosts, L = h->local;
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
     /* 1. P_g per forwarded token at the proxy. */
@@ -548,15 +458,15 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     for (int g = 0; g < H; g++) {
         const size_t n = (size_t)h->fwd_count[g], at = (size_t)h->fwd_first[g];
         if (g != h->host && n > 0)
-            GROUP_OP(ncclSend((const void *)(h->d_comb_out + at * crow), n * crow, ncclUint8, g * L + h->lidx, comm,
-                              stream));
+            SYMM_GROUP_OP(ncclSend((const void *)(h->d_comb_out + at * crow), n * crow, ncclUint8, g * L + h->lidx,
+                                   comm, stream));
     }
     for (int g = 0; g < H; g++) {
         const size_t n = (size_t)h->send_count[g], at = (size_t)h->send_first[g];
         if (g != h->host && n > 0)
-            GROUP_OP(ncclRecv((void *)(h->d_ret + at * crow), n * crow, ncclUint8, g * L + h->lidx, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(h->d_ret + at * crow), n * crow, ncclUint8, g * L + h->lidx, comm, stream));
     }
-    SYMM_TRY(group_end(nc, comm, st));
+    SYMM_TRY(symm_vhost_group_end(nc, comm, st));
     const int own = h->send_count[h->host];
     if (own > 0)
         SYMM_CU(cu, cuMemcpyDtoDAsync(h->d_ret + (size_t)h->send_first[h->host] * crow,
@@ -568,10 +478,10 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
         CUdeviceptr parts = h->d_ret, o = (CUdeviceptr)out;
         int tokens = h->tokens, hosts = H;
         void *params[] = {&parts, &h->d_slot, &tokens, &hosts, &o};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_hybrid_sum, grid_for(tokens, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
+        SYMM_CU(cu, cuLaunchKernel(v->fn_hybrid_sum, symm_vhost_grid(tokens, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
                                    params, NULL));
     }
-    SYMM_CU(cu, cuEventRecord(h->done, stream));
+    SYMM_CU(cu, cuEventRecord(h->vhost.done, stream));
     return SYMM_OK;
 }
 
@@ -580,7 +490,7 @@ symm_status symm_variant_hybrid_combine(symm_variant *v, const void *y, void *ou
     symm_status st = combine_steps(v, y, out, stream);
     if (st != SYMM_OK) {
         symm_fail_context(st, "%s combine (hybrid backend): ", v->desc->name);
-        return fail_sticky(v, st);
+        return symm_vhost_fail(&v->hybrid->vhost, st);
     }
     return SYMM_OK;
 }

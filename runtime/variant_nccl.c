@@ -22,24 +22,21 @@
  * own wait. Because the host waits
  * inside dispatch, a call during stream capture is refused.
  *
- * Every host wait polls, watching NCCL's asynchronous error and the
- * variant's timeout: when a peer does not arrive, the call fails with
+ * Every host wait polls (variant_host.c, shared with the hybrid backend),
+ * watching NCCL's asynchronous error and the variant's timeout: when a peer does not arrive, the call fails with
  * SYMM_ERR_TIMEOUT, the communicator is aborted (which releases NCCL's
  * kernels still waiting on this GPU), and every later call fails at once
  * with the same error until the variant is destroyed. */
-#include <sched.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda_api.h"
 #include "nccl_api.h"
 #include "nccl_plan.h"
 #include "heap_internal.h"
 #include "symm_nccl.h"
+#include "variant_host.h"
 #include "variant_internal.h"
-#include "world_internal.h"
 
 typedef symm_nccl_chunk chunk;
 
@@ -48,7 +45,9 @@ typedef symm_nccl_chunk chunk;
 enum { PLAN_BLOCKS = 32 };
 
 struct symm_variant_nccl {
-    symm_nccl *comm;
+    symm_vhost vhost;    /* the communicator, the event after each call's work (the next dispatch's
+                            stream, and destroy, wait for it), the sticky failure (a wait timed out
+                            or NCCL failed: later calls fail with it) */
     const symm_nccl_api *api;
     int bins;            /* entries of a count row */
     int max_dests;       /* most destinations of one token */
@@ -65,26 +64,15 @@ struct symm_variant_nccl {
         d_send_src, d_send_topk, d_send_weights, d_stage, d_self_dst;
     CUdeviceptr d_combine_in; /* combine = "pull": where the peers' rows land (the
                                  variant has no COMBINE_IN region), else 0 */
-    CUevent done;        /* recorded after each call's work: the next dispatch's stream, and destroy,
-                            wait for it */
     /* the routing of the last dispatch (its arrays are the pinned ones above) */
     symm_nccl_plan plan;
     chunk *send_chunks, *recv_chunks;
     int64_t *base;       /* [2 * bins]: the plan's scratch */
     uint64_t calls;
-    symm_status failed;  /* a wait timed out or NCCL failed: later calls fail with this */
-    char failure[512];   /* ... and this message */
 };
 
-static symm_status host_alloc(const symm_cuda_api *cu, void *out, size_t bytes)
-{
-    return symm_cuda_check(cu->cuMemAllocHost((void **)out, bytes ? bytes : 16), "cuMemAllocHost (NCCL backend)");
-}
-
-static symm_status dev_alloc(const symm_cuda_api *cu, CUdeviceptr *out, size_t bytes)
-{
-    return symm_cuda_check(cu->cuMemAlloc(out, bytes ? bytes : 16), "cuMemAlloc (NCCL backend)");
-}
+static const char capture_reason[] = "the NCCL backend cannot run inside CUDA graph capture (it needs the counts "
+                                     "on the host); use the native backend in graphs";
 
 static symm_status nccl_buffers(symm_variant *v);
 static symm_status connect_peers(symm_variant *v);
@@ -95,9 +83,11 @@ symm_status symm_variant_nccl_setup(symm_variant *v)
      * learns whether all allocations succeeded before it is made. */
     struct symm_variant_nccl *n = calloc(1, sizeof *n);
     v->nccl = n;
+    if (n)
+        symm_vhost_init(&n->vhost, "NCCL backend", SYMM_VHOST_WAIT_STICKY);
     symm_status local = n ? nccl_buffers(v) : symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
     SYMM_TRY(symm_agree(v->world, local, "NCCL backend: allocating buffers"));
-    SYMM_TRY(symm_nccl_create(v->world, v->dev, &n->comm));
+    SYMM_TRY(symm_nccl_create(v->world, v->dev, &n->vhost.comm));
     return symm_agree(v->world, connect_peers(v), "NCCL backend: connecting the peers");
 }
 
@@ -126,31 +116,32 @@ static symm_status nccl_buffers(symm_variant *v)
     n->plan_wpb = 32768 / (n->bins * 4);
     n->plan_wpb = n->plan_wpb > 8 ? 8 : n->plan_wpb < 1 ? 1 : n->plan_wpb;
     const size_t work = ((size_t)PLAN_BLOCKS * n->plan_wpb * n->bins + (size_t)PLAN_BLOCKS * n->bins + PLAN_BLOCKS) * 4;
-    SYMM_TRY(host_alloc(cu, &n->h_counts, (size_t)W * n->bins * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_info, 16));
-    SYMM_TRY(host_alloc(cu, &n->h_bins, (size_t)2 * n->bins * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_expert, (size_t)2 * L * 4));
-    SYMM_TRY(host_alloc(cu, &n->h_state, sizeof(device_state)));
-    SYMM_TRY(dev_alloc(cu, &n->d_counts, (size_t)W * n->bins * 4));
-    SYMM_TRY(dev_alloc(cu, &n->d_info, 16));
-    SYMM_TRY(dev_alloc(cu, &n->d_bins, (size_t)2 * n->bins * 4));
-    SYMM_TRY(dev_alloc(cu, &n->d_work, work));
-    SYMM_TRY(dev_alloc(cu, &n->d_send_index, S * 4));
-    SYMM_TRY(dev_alloc(cu, &n->d_stage_index, S * 4));
-    SYMM_TRY(dev_alloc(cu, &n->d_send_x, S * row));
-    SYMM_TRY(dev_alloc(cu, &n->d_send_scales, d->dtype == SYMM_DTYPE_FP8_E4M3 ? S * sc : 16));
-    SYMM_TRY(dev_alloc(cu, &n->d_send_src, S * 16));
-    SYMM_TRY(dev_alloc(cu, &n->d_send_topk, S * K * 4));
-    SYMM_TRY(dev_alloc(cu, &n->d_send_weights, S * K * 4));
-    SYMM_TRY(dev_alloc(cu, &n->d_stage, S * crow));
-    SYMM_TRY(dev_alloc(cu, &n->d_self_dst, S * 4));
+    const symm_vhost *vh = &n->vhost;
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &n->h_counts, (size_t)W * n->bins * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &n->h_info, 16));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &n->h_bins, (size_t)2 * n->bins * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &n->h_expert, (size_t)2 * L * 4));
+    SYMM_TRY(symm_vhost_host_alloc(vh, cu, &n->h_state, sizeof(device_state)));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_counts, (size_t)W * n->bins * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_info, 16));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_bins, (size_t)2 * n->bins * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_work, work));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_send_index, S * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_stage_index, S * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_send_x, S * row));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_send_scales, d->dtype == SYMM_DTYPE_FP8_E4M3 ? S * sc : 16));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_send_src, S * 16));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_send_topk, S * K * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_send_weights, S * K * 4));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_stage, S * crow));
+    SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_self_dst, S * 4));
     /* A pulling variant's symmetric buffer has no COMBINE_IN (its native
      * combine reads the peers' y): this backend's rows land in a buffer of
      * its own, with COMBINE_IN's layout ([world][max_tokens] or
      * [max_tokens][topk] rows). */
     if (!d->regions[SYMM_REGION_COMBINE_IN].bytes)
-        SYMM_TRY(dev_alloc(cu, &n->d_combine_in, (expert ? T * (size_t)K : (size_t)W * T) * crow));
-    SYMM_CU(cu, cuEventCreate(&n->done, CU_EVENT_DISABLE_TIMING));
+        SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_combine_in, (expert ? T * (size_t)K : (size_t)W * T) * crow));
+    SYMM_CU(cu, cuEventCreate(&n->vhost.done, CU_EVENT_DISABLE_TIMING));
     n->plan = (symm_nccl_plan){
         .world = W, .rank = v->rank, .experts = d->experts, .align = d->align, .expert_layout = expert,
         .capacity = d->capacity, .bins = n->bins, .counts = n->h_counts, .expert = n->h_expert,
@@ -165,22 +156,12 @@ void symm_variant_nccl_release(symm_variant *v)
     const symm_cuda_api *cu;
     if (!n)
         return;
-    if (symm_cuda(&cu) == SYMM_OK) {
-        void *hosts[] = {n->h_counts, n->h_info, n->h_bins, n->h_expert, n->h_state};
-        for (size_t i = 0; i < SYMM_ARRAY_LEN(hosts); i++)
-            if (hosts[i])
-                cu->cuMemFreeHost(hosts[i]);
-        CUdeviceptr devs[] = {n->d_counts, n->d_info, n->d_bins, n->d_work, n->d_send_index, n->d_stage_index,
-                              n->d_send_x, n->d_send_scales, n->d_send_src, n->d_send_topk, n->d_send_weights,
-                              n->d_stage, n->d_self_dst, n->d_combine_in};
-        for (size_t i = 0; i < SYMM_ARRAY_LEN(devs); i++)
-            if (devs[i])
-                cu->cuMemFree(devs[i]);
-        if (n->done)
-            cu->cuEventDestroy(n->done);
-    }
-    if (n->comm)
-        symm_nccl_destroy(n->comm);
+    void *hosts[] = {n->h_counts, n->h_info, n->h_bins, n->h_expert, n->h_state};
+    const CUdeviceptr devs[] = {n->d_counts, n->d_info, n->d_bins, n->d_work, n->d_send_index, n->d_stage_index,
+                                n->d_send_x, n->d_send_scales, n->d_send_src, n->d_send_topk, n->d_send_weights,
+                                n->d_stage, n->d_self_dst, n->d_combine_in};
+    symm_vhost_release(&n->vhost, symm_cuda(&cu) == SYMM_OK ? cu : NULL, hosts, SYMM_ARRAY_LEN(hosts), devs,
+                       SYMM_ARRAY_LEN(devs));
     free(n->send_chunks);
     free(n->recv_chunks);
     free(n->base);
@@ -192,89 +173,21 @@ symm_status symm_variant_nccl_refuse_capture(const symm_variant *v, CUstream str
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    CUstreamCaptureStatus status;
-    SYMM_CU(cu, cuStreamIsCapturing(stream, &status));
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
-        return symm_fail(SYMM_ERR_STATE,
-                         "%s %s: the NCCL backend cannot run inside CUDA graph capture (it needs the "
-                         "counts on the host); use the native backend in graphs",
-                         v->desc->name, op);
-    return SYMM_OK;
-}
-
-/* After a failed wait: no more NCCL calls on this communicator. Aborting it
- * makes NCCL's kernels that still wait for a peer on this GPU return. */
-static symm_status fail_sticky(symm_variant *v, symm_status st)
-{
-    struct symm_variant_nccl *n = v->nccl;
-    n->failed = st;
-    snprintf(n->failure, sizeof n->failure, "%s", symm_last_error());
-    if (n->comm) {
-        symm_nccl_abort(n->comm);
-        n->comm = NULL;
-    }
-    return symm_fail(st, "%s", n->failure);
+    return symm_vhost_refuse_capture(v, cu, stream, op, capture_reason);
 }
 
 symm_status symm_variant_nccl_failure(const symm_variant *v, const char *op)
 {
-    const struct symm_variant_nccl *n = v->nccl;
-    if (!n || !n->failed)
-        return SYMM_OK;
-    return symm_fail(n->failed, "%s %s (NCCL backend): an earlier call failed: %s", v->desc->name, op, n->failure);
+    return symm_vhost_failure(v->nccl ? &v->nccl->vhost : NULL, v, op);
 }
 
-/* Wait until the stream's work (stream non-NULL) or the last call's
- * (event done) is complete: polls, returns SYMM_ERR_NCCL when NCCL reports
- * an error and SYMM_ERR_TIMEOUT after the variant's timeout, both sticky. */
+/* Wait (symm_vhost_wait) for the stream's work (use_stream) or the last
+ * call's: a timeout or NCCL's error is sticky, and aborts the communicator. */
 static symm_status wait_work(symm_variant *v, CUstream stream, bool use_stream, const char *what)
 {
-    struct symm_variant_nccl *n = v->nccl;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    const double t0 = symm_wio_now(), limit = (double)v->timeout_ns * 1e-9;
-    for (unsigned polls = 0;; polls++) {
-        CUresult r = use_stream ? cu->cuStreamQuery(stream) : cu->cuEventQuery(n->done);
-        if (r == CUDA_SUCCESS)
-            return SYMM_OK;
-        if (r != CUDA_ERROR_NOT_READY)
-            return symm_cuda_check(r, use_stream ? "cuStreamQuery" : "cuEventQuery");
-        if (n->comm && symm_nccl_check_async(n->comm) != SYMM_OK) {
-            symm_fail_context(SYMM_ERR_NCCL, "rank %d: waiting for %s: ", v->rank, what);
-            return fail_sticky(v, SYMM_ERR_NCCL);
-        }
-        const double waited = symm_wio_now() - t0;
-        if (waited > limit) {
-            symm_fail(SYMM_ERR_TIMEOUT, "rank %d: %s did not complete within the variant's timeout of %g s: a peer "
-                      "did not arrive (NCCL cannot tell which); destroy the variant", v->rank, what, limit);
-            return fail_sticky(v, SYMM_ERR_TIMEOUT);
-        }
-        /* Spin for the first 200 us (a dispatch's waits are that short),
-         * then give the CPU away between polls. */
-        if (waited > 200e-6) {
-            if (polls % 16 == 0) {
-                struct timespec ts = {0, 50000};
-                nanosleep(&ts, NULL);
-            } else {
-                sched_yield();
-            }
-        }
-    }
-}
-
-/* Inside an NCCL group: the first failure is kept and the rest of the
- * group's operations are skipped, and the group is closed whatever failed
- * (group_end), so that no group stays open on this thread. */
-#define GROUP_OP(call)                                                                  \
-    do {                                                                                \
-        if (st == SYMM_OK)                                                              \
-            st = symm_nccl_check(nc, comm, nc->call, #call);                            \
-    } while (0)
-
-static symm_status group_end(const symm_nccl_api *nc, ncclComm_t comm, symm_status st)
-{
-    const symm_status end = symm_nccl_check(nc, comm, nc->ncclGroupEnd(), "ncclGroupEnd");
-    return st != SYMM_OK ? st : end;
+    return symm_vhost_wait(&v->nccl->vhost, v, cu, stream, use_stream, what);
 }
 
 /* The count all-gather: every rank's count row into d_counts. Dispatch's and
@@ -284,7 +197,7 @@ static symm_status queue_count_gather(symm_variant *v, CUstream stream)
 {
     struct symm_variant_nccl *n = v->nccl;
     const symm_nccl_api *nc = n->api;
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->vhost.comm);
     const CUdeviceptr mine = n->d_counts + (size_t)v->rank * n->bins * 4;
     return symm_nccl_check(nc, comm, nc->ncclAllGather((const void *)mine, (void *)n->d_counts, (size_t)n->bins,
                                                        ncclInt32, comm, stream),
@@ -305,7 +218,7 @@ static symm_status connect_peers(symm_variant *v)
     const symm_nccl_api *nc = n->api;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->vhost.comm);
     const int W = v->desc->world, me = v->rank;
     CUstream stream;
     SYMM_CU(cu, cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
@@ -314,10 +227,10 @@ static symm_status connect_peers(symm_variant *v)
         for (int p = 0; p < W; p++) {
             if (p == me)
                 continue;
-            GROUP_OP(ncclSend((const void *)n->d_send_src, 16, ncclUint8, p, comm, stream));
-            GROUP_OP(ncclRecv((void *)n->d_stage, 16, ncclUint8, p, comm, stream));
+            SYMM_GROUP_OP(ncclSend((const void *)n->d_send_src, 16, ncclUint8, p, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)n->d_stage, 16, ncclUint8, p, comm, stream));
         }
-        st = group_end(nc, comm, st);
+        st = symm_vhost_group_end(nc, comm, st);
     }
     if (st == SYMM_OK)
         st = wait_work(v, stream, true, "connecting the peers (NCCL)");
@@ -330,17 +243,9 @@ static symm_status connect_peers(symm_variant *v)
 symm_status symm_variant_nccl_quiesce(symm_variant *v)
 {
     struct symm_variant_nccl *n = v->nccl;
-    if (!n || !n->done || n->failed)
+    if (!n || !n->vhost.done || n->vhost.failed)
         return SYMM_OK;
     return wait_work(v, NULL, false, "the last call's work");
-}
-
-/* Blocks for a grid-stride kernel over items, per_block items a block,
- * at most 4096. */
-static unsigned grid_for(int64_t items, int per_block)
-{
-    const int64_t blocks = (items + per_block - 1) / per_block;
-    return (unsigned)(blocks < 4096 ? blocks : 4096);
 }
 
 /* symm_nccl_scatter: stage row i < rows to COMBINE_IN slot slot[i] (-1:
@@ -354,8 +259,8 @@ static symm_status launch_scatter(const symm_variant *v, CUdeviceptr stage, CUde
         return SYMM_OK;
     enum { WARPS = 8 };
     void *params[] = {&stage, &slot, &rows, &combine_in};
-    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_scatter, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0,
-                                              stream, params, NULL),
+    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_scatter, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1,
+                                              1, 0, stream, params, NULL),
                            "launch of symm_nccl_scatter");
 }
 
@@ -366,7 +271,7 @@ static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, C
     const symm_variant_desc *d = v->desc;
     struct symm_variant_nccl *n = v->nccl;
     const symm_nccl_api *nc = n->api;
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->vhost.comm);
     const int K = d->topk;
     const size_t row = (size_t)d->hidden * symm_dtype_size(d->dtype), sc = (size_t)d->hidden / SYMM_FP8_BLOCK * 4;
     const size_t wrow = d->layout == SYMM_LAYOUT_RANK ? (size_t)K * 4 : 4;
@@ -376,29 +281,32 @@ static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, C
         const chunk c = n->send_chunks[i];
         if (c.peer == v->rank)
             continue;
-        GROUP_OP(ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
-        GROUP_OP(ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+        SYMM_GROUP_OP(ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        SYMM_GROUP_OP(ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-            GROUP_OP(ncclSend((void *)(n->d_send_scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclSend((void *)(n->d_send_scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
         if (d->layout == SYMM_LAYOUT_RANK)
-            GROUP_OP(ncclSend((void *)(n->d_send_topk + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclSend((void *)(n->d_send_topk + c.row * K * 4), c.n * K * 4, ncclUint8,
+                                   c.peer, comm, stream));
         if (d->weights)
-            GROUP_OP(ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8,
+                                   c.peer, comm, stream));
     }
     for (int i = 0; i < n->plan.n_recv; i++) {
         const chunk c = n->recv_chunks[i];
         if (c.peer == v->rank)
             continue;
-        GROUP_OP(ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
-        GROUP_OP(ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+        SYMM_GROUP_OP(ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        SYMM_GROUP_OP(ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-            GROUP_OP(ncclRecv((void *)(rb->scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(rb->scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
         if (d->layout == SYMM_LAYOUT_RANK)
-            GROUP_OP(ncclRecv((void *)(rb->topk_idx + c.row * K * 4), c.n * K * 4, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(rb->topk_idx + c.row * K * 4), c.n * K * 4, ncclUint8,
+                                   c.peer, comm, stream));
         if (d->weights)
-            GROUP_OP(ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
     }
-    return group_end(nc, comm, st);
+    return symm_vhost_group_end(nc, comm, st);
 }
 
 static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, CUstream stream)
@@ -415,7 +323,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
      * call's copies) only after the wait for the count exchange below,
      * which waits for the last call's work too. The host does not block on
      * the last call here. */
-    SYMM_CU(cu, cuStreamWaitEvent(stream, n->done, 0));
+    SYMM_CU(cu, cuStreamWaitEvent(stream, n->vhost.done, 0));
 
     /* This rank's count row on the GPU, every rank's by the all-gather, and
      * the one wait: NCCL's calls below need the sizes. */
@@ -463,8 +371,8 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
                           (void *)&wpb, (void *)&me, &self_first, &n->d_send_index, &n->d_stage_index,
                           &n->d_send_src, &n->d_send_topk, &n->d_send_weights, &n->d_self_dst, &rb.src,
                           &rb.topk_idx, &rb.weights};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_pack, grid_for((int64_t)T * (expert ? K : W), 256), 1, 1, 256, 1, 1,
-                                   0, stream, params, NULL));
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_pack, symm_vhost_grid((int64_t)T * (expert ? K : W), 256), 1, 1, 256,
+                                   1, 1, 0, stream, params, NULL));
     }
     if (plan->packed > 0) {
         enum { WARPS = 8 };
@@ -472,7 +380,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         int64_t rows = plan->packed, self_first = plan->self_first, self_rows = plan->self_rows;
         void *params[] = {&x, &scales, &n->d_send_index, &rows, &self_first, &self_rows, &n->d_self_dst,
                           &n->d_send_x, &n->d_send_scales, &rb.x, &rb.scales};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_gather, grid_for(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
+        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_gather, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
                                    params, NULL));
     }
     SYMM_TRY(exchange_rows(v, &rb, stream));
@@ -489,7 +397,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
         SYMM_CU(cu, cuMemcpyHtoDAsync(rb.expert_offset, n->h_expert + L, (size_t)L * 4, stream));
     }
     SYMM_CU(cu, cuMemcpyHtoDAsync(symm_variant_region_ptr(v, SYMM_REGION_STATE), st, sizeof *st, stream));
-    SYMM_CU(cu, cuEventRecord(n->done, stream));
+    SYMM_CU(cu, cuEventRecord(n->vhost.done, stream));
     return SYMM_OK;
 }
 
@@ -510,7 +418,7 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     const symm_nccl_api *nc = n->api;
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->comm);
+    ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->vhost.comm);
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
     /* Each chunk received from a peer goes back as one run of y; what comes
      * back lands in packed order in the stage. */
@@ -519,14 +427,14 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     for (int i = 0; i < p->n_recv; i++) {
         const chunk c = n->recv_chunks[i];
         if (c.peer != v->rank)
-            GROUP_OP(ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     for (int i = 0; i < p->n_send; i++) {
         const chunk c = n->send_chunks[i];
         if (c.peer != v->rank)
-            GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
-    SYMM_TRY(group_end(nc, comm, st));
+    SYMM_TRY(symm_vhost_group_end(nc, comm, st));
     /* Into COMBINE_IN (or this backend's own buffer in its place): the
      * peers' rows from the stage, in one launch over
      * every packed row (this rank's own have the slot -1, and the sum reads
@@ -536,7 +444,7 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     if (p->packed > p->self_rows)
         SYMM_TRY(launch_scatter(v, n->d_stage, n->d_stage_index, p->packed, combine_in, stream));
     SYMM_TRY(symm_variant_launch_reduce(v, y, out, combine_in, stream));
-    SYMM_CU(cu, cuEventRecord(n->done, stream));
+    SYMM_CU(cu, cuEventRecord(n->vhost.done, stream));
     return SYMM_OK;
 }
 
