@@ -14,10 +14,14 @@
 /* Bytes of the per-variant state record (see STATE in templates/variant.cu.in). */
 #define SG_STATE_BYTES 256
 /* Signal kinds: dispatch rows arrived; with combine = "pull", also "y is
- * ready" (its offset beside the call) and "done reading a peer's y". The
- * counts carry their call in each 8-byte word, and a pushing combine waits
- * per COMBINE_IN slot on combine_flags: neither needs a signal. */
-#define SG_SIGNAL_KINDS(v) ((v)->combine_pull ? 3 : 1)
+ * ready" (its offset beside the call) and "done reading a peer's y"; with a
+ * pushing combine of layout expert by rank (GROUPED), "a peer's warps have
+ * stored their partial sums" (kind 1, which only the pulling combine uses
+ * otherwise; the tuning knob PARTIAL_GRID, docs/protocol.md). The counts
+ * carry their call in each 8-byte word, and a pushing combine otherwise
+ * waits per COMBINE_IN slot on combine_flags: neither needs a signal. */
+#define SG_SIGNAL_GROUPED(v) ((v)->layout == SYMM_LAYOUT_EXPERT && (v)->combine_order == SYMM_COMBINE_ORDER_RANK)
+#define SG_SIGNAL_KINDS(v) ((v)->combine_pull ? 3 : SG_SIGNAL_GROUPED(v) ? 2 : 1)
 /* Bytes of one count: the count and its call's sequence number. */
 #define SG_COUNT_BYTES 8
 

@@ -29,6 +29,7 @@ static const struct knob {
     {"PARTIAL_SLOTS", 1, 4}, /* combine, PUSH_PARTIALS: staging slots a push warp loads ahead through */
     {"PARTIAL_LANES", 0, 1}, /* combine, PUSH_PARTIALS: 1: the lanes store a part at the peer (0: a bulk copy) */
     {"PUSH_INTERLEAVE", 0, 1}, /* combine, layout rank at world > 2: 1: push batches go round the peers */
+    {"PARTIAL_GRID", 0, 1},    /* combine, layout expert by rank without PUSH_PARTIALS: 1: the grid forms the parts */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

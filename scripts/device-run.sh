@@ -18,6 +18,11 @@
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
 #        world), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
+#        grid (layout expert's parts formed by the whole grid, PARTIAL_GRID,
+#        bench/NOTES.md 58: check --quick with the knob on and off at world 2
+#        and on at world 4, memcheck and racecheck on the changed combine),
+#        grid-time (rows GRID_GROUPS, default g, timed with PARTIAL_GRID on
+#        and off, and on at prefill with PUSH_PARTIALS=0),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -85,6 +90,22 @@ for s in "$@"; do
         step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
+    grid) # layout expert's peers' parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512)
+        for g in 1 0; do
+            step "check-w2-grid$g" 240 env SYMM_TUNE=PARTIAL_GRID=$g $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+                --manifest out/default/manifest.json --quick --time 20
+        done
+        step check-w4-grid1 300 env SYMM_TUNE=PARTIAL_GRID=1 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --quick --graph-replays 20
+        for tool in memcheck racecheck; do
+            step "sanitizer-$tool-grid" 300 env SYMM_TUNE=PARTIAL_GRID=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool \
+                --error-exitcode 9 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+        done ;;
+    grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID at decode), the rows pushed, the grid at prefill
+        step grid-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
+            default PARTIAL_GRID=0 PUSH_PARTIALS=0,PARTIAL_GRID=1
+          [ -f "$out/grid/tune.md" ] && cp "$out/grid/tune.md" "$final/grid.md" ;;
     check-quick) step check-w2-quick 240 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20 ;;
     check) step check-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --time 20 ;;
     companions) # the default spec's companions of one rank (spec field hosts: two one-GPU hosts)
@@ -225,7 +246,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

@@ -502,11 +502,14 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
         const uint64_t slots = rank ? W * T : T * K;
         const uint64_t celt = (uint64_t)symm_dtype_size(v.combine_dtype);
         const bool pull = v.combine_pull;
+        /* A pushing combine of layout expert by rank has a second signal
+         * kind: the peers' warps that have stored their partial sums. */
+        const bool grouped = !rank && v.combine_order == SYMM_COMBINE_ORDER_RANK;
         const struct {
             symm_region id;
             uint64_t bytes;
         } want[] = {
-            {SYMM_REGION_SIGNALS, (pull ? 3 : 1) * W * 128},
+            {SYMM_REGION_SIGNALS, (pull ? 3 : grouped ? 2 : 1) * W * 128},
             {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * words * 8},
             {SYMM_REGION_RECV_X, cap * H * (uint64_t)symm_dtype_size(v.dtype)},
             {SYMM_REGION_RECV_SRC, cap * 16},

@@ -34,6 +34,7 @@ static const struct {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
+    {"PARTIAL_GRID", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -67,7 +68,7 @@ Test(tune, every_knob_in_range_becomes_one_define)
             order[i] = order[j], order[j] = t;
         }
         const int n = rnd_in(1, N_KNOBS);
-        char text[256] = "";
+        char text[512] = "";
         size_t at = 0;
         for (int i = 0; i < n; i++) {
             const int k = order[i];
@@ -273,6 +274,53 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
                                  names[v], kernels[owner][k], p + 1, p == owner ? "missing" : "present");
         for (int p = 0; p < 3; p++)
             symm_jit_result_free(&res[p]);
+        free(src);
+    }
+}
+
+/* PARTIAL_GRID changes combine only where it applies: layout expert with
+ * combine_order rank, pushing, at max_tokens <= 512 (where it is on by
+ * default, so 1 is the default's code and 0 another); layout rank, the
+ * ascending-k order and the pulling combine compile to the default's code
+ * with either value. */
+static bool same_cubin(const symm_jit_result *x, const symm_jit_result *y)
+{
+    return x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size);
+}
+
+Test(tune, partial_grid_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    int grid = -1;
+    for (int k = 0; k < N_KNOBS; k++)
+        if (!strcmp(knobs[k].name, "PARTIAL_GRID"))
+            grid = k;
+    cr_assert(grid >= 0, "no knob PARTIAL_GRID");
+    const struct {
+        const char *name;
+        bool applies;
+    } cases[] = {{"bf16_expert_w2", true}, {"bf16_rank_w2", false}, {"bf16_expert_order_k_w2", false},
+                 {"fp16_expert_a8_pull_w2", false}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *src = read_variant(cases[c].name);
+        int value[N_KNOBS];
+        for (int k = 0; k < N_KNOBS; k++)
+            value[k] = NOT_GIVEN;
+        symm_jit_result base, on, off;
+        cr_assert_eq(compile_tuned(cases[c].name, src, value, &base), SYMM_OK, "%s: %s", cases[c].name,
+                     symm_last_error());
+        value[grid] = 1;
+        cr_assert_eq(compile_tuned(cases[c].name, src, value, &on), SYMM_OK, "%s: %s", cases[c].name,
+                     symm_last_error());
+        value[grid] = 0;
+        cr_assert_eq(compile_tuned(cases[c].name, src, value, &off), SYMM_OK, "%s: %s", cases[c].name,
+                     symm_last_error());
+        cr_assert_str_eq(on.log, "", "%s, PARTIAL_GRID=1: NVRTC warns: %s", cases[c].name, on.log);
+        cr_assert(same_cubin(&on, &base), "%s: PARTIAL_GRID=1 is not the default's code", cases[c].name);
+        cr_assert_eq(!same_cubin(&off, &base), cases[c].applies, "%s: PARTIAL_GRID=0 %s the default's code",
+                     cases[c].name, cases[c].applies ? "gives" : "changes");
+        symm_jit_result_free(&base);
+        symm_jit_result_free(&on);
+        symm_jit_result_free(&off);
         free(src);
     }
 }
