@@ -4,8 +4,9 @@
  * A tuning is "NAME=value" items separated by commas or spaces, for example
  * "PUSH_WARPS=4,PUSH_BATCH=8". Each item becomes the NVRTC option
  * -DSYMM_TUNE_NAME=value. No knob changes what the kernels compute or the
- * layout of any buffer, so ranks may even differ; each one only moves work
- * between warps or changes how many copies are in flight. The JIT cache key
+ * layout of any buffer, so ranks may even differ (except DEDUP and
+ * CHAIN_STREAM, which change what a receiver expects of its peers); each one
+ * only moves work between warps or changes how many copies are in flight. The JIT cache key
  * includes the options, so every tuning has its own cache entries. */
 #ifndef SYMM_TUNE_H
 #define SYMM_TUNE_H
@@ -14,7 +15,7 @@
 
 #include "symm_status.h"
 
-#define SYMM_TUNE_MAX_ITEMS 15
+#define SYMM_TUNE_MAX_ITEMS 17
 #define SYMM_TUNE_OPTION_LEN 48
 
 typedef struct symm_tune {

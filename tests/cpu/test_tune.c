@@ -34,6 +34,7 @@ static const struct {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
+    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -67,7 +68,7 @@ Test(tune, every_knob_in_range_becomes_one_define)
             order[i] = order[j], order[j] = t;
         }
         const int n = rnd_in(1, N_KNOBS);
-        char text[256] = "";
+        char text[512] = "";
         size_t at = 0;
         for (int i = 0; i < n; i++) {
             const int k = order[i];
@@ -103,8 +104,8 @@ static void refused(const char *text, const char *item, const char *why)
     cr_assert(strstr(msg, "symm_variant_options.tune"), "\"%s\": no origin: %s", text, msg);
     cr_assert(strstr(msg, quoted), "\"%s\": the item is not named: %s", text, msg);
     cr_assert(strstr(msg, why), "\"%s\": expected \"%s\" in: %s", text, why, msg);
-    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1"), "\"%s\": the knobs are not listed: %s", text,
-              msg);
+    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "CHAIN_WARPS 0..8"),
+              "\"%s\": the knobs are not listed: %s", text, msg);
 }
 
 Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
