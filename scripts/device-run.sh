@@ -23,6 +23,8 @@
 #        chains-sanitize (memcheck and racecheck with the knob on),
 #        chains (rows g with CHAIN_STREAM on and off, bench/NOTES.md 57; on
 #        2 GPUs), chains-warps (rows g with CHAIN_WARPS 2 and 8),
+#        chains-profile (rows g's phase times, moe_bench --profile, with
+#        CHAIN_STREAM on and off),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -118,6 +120,12 @@ for s in "$@"; do
         step chains 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains" scripts/bench-tune.sh --groups g \
             default CHAIN_STREAM=0
           [ -f "$out/chains/tune.md" ] && cp "$out/chains/tune.md" "$final/chains.md" ;;
+    chains-profile) # rows g's phases: with the knob on, "stored" is the last row sent and "rows out" the last copy
+        for knobs in default CHAIN_STREAM=0; do
+            tune=$knobs; [ "$knobs" = default ] && tune=
+            step "chains-profile-$knobs" 280 env SYMM_TUNE="$tune" SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
+                "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile
+        done ;;
     chains-warps) # rows g: warps a block that only copy chains (default 4)
         step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \
             CHAIN_WARPS=2 CHAIN_WARPS=8
