@@ -105,6 +105,15 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     /* combine = "pull": a place for y that the peers can read (the user may
      * put y anywhere else in the symmetric buffer too, recv_x included). */
     place(out, SYMM_REGION_Y, "y", v->combine_pull ? cap * H * celt : 0, true);
+    /* Layout expert with chains (top-k above 1, a peer to chain at): what
+     * lets the receiver copy each head into its chain as soon as it lands
+     * (templates/cu/dispatch.cu.in, CHAIN_STREAM): a 128-byte slot of this
+     * rank's own counters (the items its warps take, by the call's parity),
+     * each source rank's T of the call (a tagged u64 each, in 128-byte
+     * slots), then per (source rank, source token) a tagged u64 that the
+     * source publishes once the token's head has landed here. */
+    place(out, SYMM_REGION_CHAIN_READY, "chain_ready",
+          !rank && K > 1 && W > 1 ? SG_SIGNAL_SLOT + round_up(W * 8, SG_SIGNAL_SLOT) + W * T * 8 : 0, true);
 
     place(out, SYMM_REGION_STATE, "state", SG_STATE_BYTES, false);
     place(out, SYMM_REGION_EXPERT_COUNT, "expert_count", L * 4, false);

@@ -79,6 +79,7 @@ static const char *const region_names[SYMM_REGION_COUNT] = {
     [SYMM_REGION_COMBINE_FLAGS] = "COMBINE_FLAGS",
     [SYMM_REGION_RECV_CHAIN] = "RECV_CHAIN",
     [SYMM_REGION_Y] = "Y",
+    [SYMM_REGION_CHAIN_READY] = "CHAIN_READY",
 };
 
 /* A formatted string, malloc'd. */

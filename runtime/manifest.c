@@ -55,10 +55,11 @@ static const struct {
     [SYMM_REGION_COMBINE_FLAGS] = {"combine_flags", "COMBINE_FLAGS", 1},
     [SYMM_REGION_RECV_CHAIN] = {"recv_chain", "RECV_CHAIN", 1},
     [SYMM_REGION_Y] = {"y", "Y", 1},
+    [SYMM_REGION_CHAIN_READY] = {"chain_ready", "CHAIN_READY", 1},
 };
 #define REGION_NAMES "signals, counts, recv_x, recv_scales, recv_src, recv_topk_idx, recv_weights, " \
                      "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
-                     "recv_chain, y"
+                     "recv_chain, y, chain_ready"
 
 /* Indexed by symm_dtype and symm_layout; combine_names by desc.combine_pull. */
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};

@@ -5,11 +5,11 @@
  * "PUSH_WARPS=4,PUSH_BATCH=8". Each item becomes the NVRTC option
  * -DSYMM_TUNE_NAME=value. No knob changes what the kernels compute or the
  * layout of any buffer; each one only moves work between warps or changes
- * how many copies are in flight, so ranks may even differ, except in
- * PUSH_PARTIALS and PARTIAL_GRID, which choose what a peer sends back and
- * how the source learns it is there: every rank must agree on those. The
- * JIT cache key includes the options, so every tuning has its own cache
- * entries. */
+ * how many copies are in flight, so ranks may even differ, except in DEDUP,
+ * CHAIN_STREAM, PUSH_PARTIALS and PARTIAL_GRID, which change what a rank
+ * expects of its peers (what a peer sends and how the rank learns it is
+ * there): every rank must agree on those. The JIT cache key includes the
+ * options, so every tuning has its own cache entries. */
 #ifndef SYMM_TUNE_H
 #define SYMM_TUNE_H
 
@@ -17,7 +17,7 @@
 
 #include "symm_status.h"
 
-#define SYMM_TUNE_MAX_ITEMS 16
+#define SYMM_TUNE_MAX_ITEMS 18
 #define SYMM_TUNE_OPTION_LEN 48
 
 typedef struct symm_tune {

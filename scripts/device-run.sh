@@ -23,6 +23,15 @@
 #        and on at world 4, memcheck and racecheck on the changed combine),
 #        grid-time (rows GRID_GROUPS, default g, timed with PARTIAL_GRID on
 #        and off, and on at prefill with PUSH_PARTIALS=0),
+#        chains-check (layout expert's chains copied as the heads land,
+#        CHAIN_STREAM: check of the default spec's expert variants with the
+#        knob on (the default) and off and with CHAIN_WARPS 0 and 8, at world
+#        2 and 4, worlds.lua at 2 and 3, with graph replays),
+#        chains-sanitize (memcheck and racecheck with the knob on),
+#        chains (rows g with CHAIN_STREAM on and off, bench/NOTES.md 57; on
+#        2 GPUs), chains-warps (rows g with CHAIN_WARPS 2 and 8),
+#        chains-profile (rows g's phase times, moe_bench --profile, with
+#        CHAIN_STREAM on and off),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -106,6 +115,44 @@ for s in "$@"; do
         step grid-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
             default PARTIAL_GRID=0 PUSH_PARTIALS=0,PARTIAL_GRID=1
           [ -f "$out/grid/tune.md" ] && cp "$out/grid/tune.md" "$final/grid.md" ;;
+    chains-check) # layout expert's chains copied as the heads land (CHAIN_STREAM, bench/NOTES.md 57)
+        expert=(--variant bf16_expert_w2 --variant bf16_expert_order_k_w2 --variant fp8_expert_a128_w2
+                --variant fp16_expert_a8_cap_w2 --variant fp16_expert_a8_pull_w2)
+        for knobs in default CHAIN_STREAM=0 CHAIN_WARPS=0 CHAIN_WARPS=8,BULK_SLOTS=4; do
+            tune=$knobs; [ "$knobs" = default ] && tune=
+            step "check-w2-chains-$knobs" 300 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+                --manifest out/default/manifest.json --quick --graph-replays 10 "${expert[@]}"
+        done
+        for knobs in default CHAIN_STREAM=0; do
+            tune=$knobs; [ "$knobs" = default ] && tune=
+            step "check-w4-chains-$knobs" 300 env SYMM_TUNE="$tune" $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+                --manifest out/default/manifest.json --quick --graph-replays 5 --variant bf16_expert_w4 \
+                --variant fp8_expert_a128_w4 --variant fp16_expert_a8_cap_w4 --variant bf16_expert_order_k_w4
+        done
+        for w in 2 3; do # worlds.lua: top-16 chains (up to 15 rows), two peers at world 3
+            step "check-worlds-w$w-chains" 200 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" \
+                --manifest out/worlds/manifest.json --quick --graph-replays 5
+        done ;;
+    chains-sanitize) # CHAIN_STREAM on (the default): dispatch's new waits and copies under the sanitizers
+        for tool in memcheck racecheck; do
+            step "sanitizer-$tool-chains" 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
+                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+        done ;;
+    chains) # rows g: the chain copies as the heads land (default) against after every head (CHAIN_STREAM=0)
+        step chains 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains" scripts/bench-tune.sh --groups g \
+            default CHAIN_STREAM=0
+          [ -f "$out/chains/tune.md" ] && cp "$out/chains/tune.md" "$final/chains.md" ;;
+    chains-profile) # rows g's phases: with the knob on, "stored" is the last row sent and "rows out" the last copy
+        for knobs in default CHAIN_STREAM=0; do
+            tune=$knobs; [ "$knobs" = default ] && tune=
+            step "chains-profile-$knobs" 280 env SYMM_TUNE="$tune" SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
+                "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile
+        done ;;
+    chains-warps) # rows g: warps a block that only copy chains (default 4)
+        step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \
+            CHAIN_WARPS=2 CHAIN_WARPS=8
+          [ -f "$out/chains-warps/tune.md" ] && cp "$out/chains-warps/tune.md" "$final/chains-warps.md" ;;
     check-quick) step check-w2-quick 240 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20 ;;
     check) step check-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --time 20 ;;
     companions) # the default spec's companions of one rank (spec field hosts: two one-GPU hosts)

@@ -66,6 +66,7 @@ typedef enum symm_region {
     SYMM_REGION_COMBINE_FLAGS,  /* sym: per COMBINE_IN slot, the call whose row has landed there */
     SYMM_REGION_RECV_CHAIN,     /* sym: layout expert: [capacity, topk - 1] int32 rows a chain's head fills */
     SYMM_REGION_Y,              /* sym: combine = "pull": [capacity, hidden] combine dtype, a place for y */
+    SYMM_REGION_CHAIN_READY,    /* sym: layout expert: per (source rank, token) the call whose chain head landed */
     SYMM_REGION_COUNT
 } symm_region;
 

@@ -28,7 +28,7 @@
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "bc4c7afa3d04791e81a4e9a3a8cef4b5ab3c52bf232018634a9f4c25df1dcf79"
+#define RANK_SHA "f12db3e6425dad04a338caa6a7d4be9e5cddcd20e452bac2a61429d04aa2241a"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -142,7 +142,8 @@ static void expect_regions(const symm_variant_desc *d, const want_region *want, 
     for (int id = 0; id < SYMM_REGION_COUNT; id++) {
         const symm_region_desc *r = &d->regions[id];
         const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS ||
-                               id == SYMM_REGION_RECV_CHAIN || id == SYMM_REGION_Y;
+                               id == SYMM_REGION_RECV_CHAIN || id == SYMM_REGION_Y ||
+                               id == SYMM_REGION_CHAIN_READY;
         cr_assert_eq(r->symmetric, symmetric, "%s: region %d: symmetric %d", d->name, id, r->symmetric);
         if (!listed[id])
             cr_assert(r->offset == 0 && r->bytes == 0, "%s: region %d is not listed, expected it empty", d->name, id);
@@ -219,7 +220,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "eb7913529517f48e1b7c21057cb8f4e3e2eef06ab2790df5580e0b92e13b5846");
+                  "efe05c029de097e2dbb09da992c953c5ef94f127d72896a6141b3cbbd6532707");
     symm_manifest_close(m);
 }
 
@@ -519,6 +520,8 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
             /* The chain lists, then with combine_order rank a group word a row. */
             {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (v.combine_order == SYMM_COMBINE_ORDER_K ? K - 1 : K) * 4},
             {SYMM_REGION_EXPERT_COUNT, (uint64_t)(v.experts / v.world) * 4},
+            /* Layout expert's chains: the counters' slot, the T words, a word per (source, token). */
+            {SYMM_REGION_CHAIN_READY, !rank && K > 1 && W > 1 ? 128 + (W * 8 + 127) / 128 * 128 + W * T * 8 : 0},
         };
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
             cr_assert_eq(l.regions[want[k].id].bytes, want[k].bytes,
@@ -750,8 +753,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"bc4c", "\"source_sha256\": \"BC4C",
-         "variant tiny_rank: field source_sha256: got \"BC4C7afa3d04791e81a4e9a3a8cef4b5ab3c52bf\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"f12d", "\"source_sha256\": \"F12D",
+         "variant tiny_rank: field source_sha256: got \"F12Db3e6425dad04a338caa6a7d4be9e5cddcd20\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1295,7 +1298,7 @@ static const char *const region_enum[SYMM_REGION_COUNT] = {
     "SYMM_REGION_RECV_WEIGHTS", "SYMM_REGION_COMBINE_IN",    "SYMM_REGION_STATE",
     "SYMM_REGION_EXPERT_COUNT", "SYMM_REGION_EXPERT_OFFSET", "SYMM_REGION_TOKEN_ROUTE",
     "SYMM_REGION_TOKEN_WEIGHTS", "SYMM_REGION_LAYOUT_WORK", "SYMM_REGION_COMBINE_FLAGS",
-    "SYMM_REGION_RECV_CHAIN",   "SYMM_REGION_Y",
+    "SYMM_REGION_RECV_CHAIN",   "SYMM_REGION_Y",             "SYMM_REGION_CHAIN_READY",
 };
 
 static void expect_in_stub(const char *stub, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -35,6 +35,7 @@ static const struct {
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1},
+    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -104,8 +105,8 @@ static void refused(const char *text, const char *item, const char *why)
     cr_assert(strstr(msg, "symm_variant_options.tune"), "\"%s\": no origin: %s", text, msg);
     cr_assert(strstr(msg, quoted), "\"%s\": the item is not named: %s", text, msg);
     cr_assert(strstr(msg, why), "\"%s\": expected \"%s\" in: %s", text, why, msg);
-    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1"), "\"%s\": the knobs are not listed: %s", text,
-              msg);
+    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "CHAIN_WARPS 0..8"),
+              "\"%s\": the knobs are not listed: %s", text, msg);
 }
 
 Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
