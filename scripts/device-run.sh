@@ -118,12 +118,14 @@ for s in "$@"; do
     chains-check) # layout expert's chains copied as the heads land (CHAIN_STREAM, bench/NOTES.md 57)
         expert=(--variant bf16_expert_w2 --variant bf16_expert_order_k_w2 --variant fp8_expert_a128_w2
                 --variant fp16_expert_a8_cap_w2 --variant fp16_expert_a8_pull_w2)
-        for knobs in default CHAIN_STREAM=0 CHAIN_WARPS=0 CHAIN_WARPS=8,BULK_SLOTS=4; do
+        # The default spec's variants have max_tokens <= 512, where the knob
+        # is off by default: force it on.
+        for knobs in default CHAIN_STREAM=1 CHAIN_STREAM=1,CHAIN_WARPS=0 CHAIN_STREAM=1,CHAIN_WARPS=8,BULK_SLOTS=4; do
             tune=$knobs; [ "$knobs" = default ] && tune=
             step "check-w2-chains-$knobs" 300 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --graph-replays 10 "${expert[@]}"
         done
-        for knobs in default CHAIN_STREAM=0; do
+        for knobs in default CHAIN_STREAM=1; do
             tune=$knobs; [ "$knobs" = default ] && tune=
             step "check-w4-chains-$knobs" 300 env SYMM_TUNE="$tune" $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --graph-replays 5 --variant bf16_expert_w4 \
@@ -133,15 +135,15 @@ for s in "$@"; do
             step "check-worlds-w$w-chains" 200 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/worlds/manifest.json --quick --graph-replays 5
         done ;;
-    chains-sanitize) # CHAIN_STREAM on (the default): dispatch's new waits and copies under the sanitizers
+    chains-sanitize) # CHAIN_STREAM forced on (these variants' max_tokens is at most 512): under the sanitizers
         for tool in memcheck racecheck; do
-            step "sanitizer-$tool-chains" 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
+            step "sanitizer-$tool-chains" 300 env SYMM_TUNE=CHAIN_STREAM=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
                 --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
         done ;;
-    chains) # rows g: the chain copies as the heads land (default) against after every head (CHAIN_STREAM=0)
+    chains) # rows g: the default (chain copies as the heads land above max_tokens 512) against each way forced
         step chains 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains" scripts/bench-tune.sh --groups g \
-            default CHAIN_STREAM=0
+            default CHAIN_STREAM=0 CHAIN_STREAM=1
           [ -f "$out/chains/tune.md" ] && cp "$out/chains/tune.md" "$final/chains.md" ;;
     chains-profile) # rows g's phases: with the knob on, "stored" is the last row sent and "rows out" the last copy
         for knobs in default CHAIN_STREAM=0; do
