@@ -223,7 +223,7 @@ for s in "$@"; do
         step test-gpu 560 env SYMM_TEST_MPS=1 SYMM_BUILD_DIR="$build" SPEC=specs/default.lua scripts/test-gpu.sh \
             "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \
             "$build/tests-gpu/test_variant" ;;
-    bench) step bench 420 env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
+    bench) step bench "${BENCH_STEP_LIMIT:-420}" env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
     profile) # phase times of rows PROFILE_GROUPS (a,b) at the host's world, a rank per GPU
         pm=out/bench/manifest.json
         if [ "$ngpu" -ne 2 ]; then
