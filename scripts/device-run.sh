@@ -19,13 +19,15 @@
 #        world), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        grid (layout expert's parts formed by the whole grid, PARTIAL_GRID,
-#        and this rank's own parts too, GRID_OWN, bench/NOTES.md 58: check
-#        --quick with PARTIAL_GRID on (GRID_OWN on and off) and off at world
-#        2, on with GRID_OWN on and off at world 4 and worlds.lua's world 3,
-#        memcheck and racecheck with GRID_OWN on and off),
-#        grid-time (rows GRID_GROUPS, default g, timed with the default
-#        (GRID_OWN on), GRID_OWN off, PARTIAL_GRID off, and the grid at
-#        prefill with PUSH_PARTIALS=0, GRID_OWN on and off),
+#        with this rank's own parts too, GRID_OWN, and several chunks a round
+#        for parts of few rows, GRID_PACK; bench/NOTES.md 58: check --quick at
+#        world 2 with the default (all on), both new knobs off (the last
+#        build), each alone, and PARTIAL_GRID off; the default and both off
+#        at world 4, at worlds.lua's world 3, and under memcheck and
+#        racecheck),
+#        grid-time (rows GRID_GROUPS, default g, timed with the default, each
+#        new knob off, both off, PARTIAL_GRID off, and the grid at prefill
+#        with PUSH_PARTIALS=0, new and both off),
 #        chains-check (layout expert's chains copied as the heads land,
 #        CHAIN_STREAM: check of the default spec's expert variants with the
 #        knob on (the default) and off and with CHAIN_WARPS 0 and 8, at world
@@ -102,28 +104,35 @@ for s in "$@"; do
         step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
-    grid) # layout expert's parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512; GRID_OWN: own parts too)
-        for g in grid1-own1 grid1-own0 grid0; do
-            tune=PARTIAL_GRID=1,GRID_OWN=1; [ $g = grid1-own0 ] && tune=PARTIAL_GRID=1,GRID_OWN=0; [ $g = grid0 ] && tune=PARTIAL_GRID=0
-            step "check-w2-$g" 240 env SYMM_TUNE=$tune $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+    grid) # layout expert's parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512; GRID_OWN: own
+          # parts too; GRID_PACK: several chunks a round for parts of few rows)
+        grid_tune() { # name -> SYMM_TUNE
+            case $1 in
+            default) echo ;; old) echo GRID_OWN=0,GRID_PACK=0 ;; own) echo GRID_PACK=0 ;; pack) echo GRID_OWN=0 ;;
+            grid0) echo PARTIAL_GRID=0 ;;
+            esac
+        }
+        for g in default old own pack grid0; do
+            step "check-w2-grid-$g" 240 env SYMM_TUNE="$(grid_tune $g)" $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --time 20
         done
-        for o in 1 0; do
-            step "check-w4-grid1-own$o" 300 env SYMM_TUNE=PARTIAL_GRID=1,GRID_OWN=$o $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+        for g in default old; do
+            step "check-w4-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --graph-replays 20
-            step "check-worlds-w3-grid1-own$o" 200 env SYMM_TUNE=PARTIAL_GRID=1,GRID_OWN=$o $run -n 3 --gpus "$gpus" -- \
+            step "check-worlds-w3-grid-$g" 200 env SYMM_TUNE="$(grid_tune $g)" $run -n 3 --gpus "$gpus" -- \
                 "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
             for tool in memcheck racecheck; do
-                step "sanitizer-$tool-grid-own$o" 300 env SYMM_TUNE=PARTIAL_GRID=1,GRID_OWN=$o $run -n 2 --gpus "$gpus" -- \
+                step "sanitizer-$tool-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 2 --gpus "$gpus" -- \
                     compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
                     --manifest out/default/manifest.json --quick --graph-replays 2 \
                     --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
             done
         done ;;
-    grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID and GRID_OWN at decode), GRID_OWN off (the
-               # last build), the rows pushed, the grid at prefill with and without GRID_OWN
-        step grid-time 500 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
-            default GRID_OWN=0 PARTIAL_GRID=0 PUSH_PARTIALS=0,PARTIAL_GRID=1 PUSH_PARTIALS=0,PARTIAL_GRID=1,GRID_OWN=0
+    grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID, GRID_OWN, GRID_PACK at decode), each new knob
+               # alone, the last build (both off), the rows pushed; the grid at prefill, new and last build
+        step grid-time 600 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
+            default GRID_OWN=0 GRID_PACK=0 GRID_OWN=0,GRID_PACK=0 PARTIAL_GRID=0 PUSH_PARTIALS=0,PARTIAL_GRID=1 \
+            PUSH_PARTIALS=0,PARTIAL_GRID=1,GRID_OWN=0,GRID_PACK=0
           [ -f "$out/grid/tune.md" ] && cp "$out/grid/tune.md" "$final/grid.md" ;;
     chains-check) # layout expert's chains copied as the heads land (CHAIN_STREAM, bench/NOTES.md 57)
         expert=(--variant bf16_expert_w2 --variant bf16_expert_order_k_w2 --variant fp8_expert_a128_w2

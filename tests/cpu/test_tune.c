@@ -34,7 +34,7 @@ static const struct {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
-    {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1},
+    {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
@@ -279,12 +279,12 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
     }
 }
 
-/* PARTIAL_GRID and GRID_OWN change combine only where they apply: layout
- * expert with combine_order rank, pushing, at max_tokens <= 512 (where both
- * are on by default, so 1 is the default's code and 0 another); layout
- * rank, the ascending-k order and the pulling combine compile to the
- * default's code with either value. With PARTIAL_GRID 0, GRID_OWN changes
- * nothing anywhere. */
+/* PARTIAL_GRID, GRID_OWN and GRID_PACK change combine only where they
+ * apply: layout expert with combine_order rank, pushing, at max_tokens <=
+ * 512 (where all are on by default, so 1 is the default's code and 0
+ * another); layout rank, the ascending-k order and the pulling combine
+ * compile to the default's code with either value. With PARTIAL_GRID 0,
+ * GRID_OWN and GRID_PACK change nothing anywhere. */
 static bool same_cubin(const symm_jit_result *x, const symm_jit_result *y)
 {
     return x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size);
@@ -349,4 +349,14 @@ Test(tune, grid_own_changes_only_layout_expert_by_rank_at_decode, .init = gen_se
 Test(tune, grid_own_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
     check_decode_knob("GRID_OWN", "PARTIAL_GRID", 0, false);
+}
+
+Test(tune, grid_pack_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_PACK", NULL, 0, true);
+}
+
+Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_PACK", "PARTIAL_GRID", 0, false);
 }
