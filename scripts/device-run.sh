@@ -24,10 +24,12 @@
 #        world 2 with the default (all on), both new knobs off (the last
 #        build), each alone, and PARTIAL_GRID off; the default and both off
 #        at world 4, at worlds.lua's world 3, and under memcheck and
-#        racecheck),
+#        racecheck; GRID_CASES, some of "default old own pack grid0",
+#        picks the cases, to split the step over calls),
 #        grid-time (rows GRID_GROUPS, default g, timed with the default, each
-#        new knob off, both off, PARTIAL_GRID off, and the grid at prefill
-#        with PUSH_PARTIALS=0, new and both off),
+#        new knob off, both off (the last build), and the grid at prefill
+#        with PUSH_PARTIALS=0; GRID_TUNINGS, space-separated, replaces the
+#        list),
 #        chains-check (layout expert's chains copied as the heads land,
 #        CHAIN_STREAM: check of the default spec's expert variants with the
 #        knob on (the default) and off and with CHAIN_WARPS 0 and 8, at world
@@ -112,11 +114,14 @@ for s in "$@"; do
             grid0) echo PARTIAL_GRID=0 ;;
             esac
         }
-        for g in default old own pack grid0; do
+        # GRID_CASES (space-separated) picks cases, to split the step over calls
+        cases=${GRID_CASES:-default old own pack grid0}
+        for g in $cases; do
             step "check-w2-grid-$g" 240 env SYMM_TUNE="$(grid_tune $g)" $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --time 20
         done
-        for g in default old; do
+        for g in $cases; do
+            [ "$g" = default ] || [ "$g" = old ] || continue
             step "check-w4-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --graph-replays 20
             step "check-worlds-w3-grid-$g" 200 env SYMM_TUNE="$(grid_tune $g)" $run -n 3 --gpus "$gpus" -- \
@@ -129,10 +134,10 @@ for s in "$@"; do
             done
         done ;;
     grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID, GRID_OWN, GRID_PACK at decode), each new knob
-               # alone, the last build (both off), the rows pushed; the grid at prefill, new and last build
-        step grid-time 600 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
-            default GRID_OWN=0 GRID_PACK=0 GRID_OWN=0,GRID_PACK=0 PARTIAL_GRID=0 PUSH_PARTIALS=0,PARTIAL_GRID=1 \
-            PUSH_PARTIALS=0,PARTIAL_GRID=1,GRID_OWN=0,GRID_PACK=0
+               # alone, the last build (both off), the grid at prefill; GRID_TUNINGS (space-separated) replaces the list
+        # shellcheck disable=SC2086 # the list splits on spaces
+        step grid-time 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
+            ${GRID_TUNINGS:-default GRID_OWN=0 GRID_PACK=0 GRID_OWN=0,GRID_PACK=0 PUSH_PARTIALS=0,PARTIAL_GRID=1}
           [ -f "$out/grid/tune.md" ] && cp "$out/grid/tune.md" "$final/grid.md" ;;
     chains-check) # layout expert's chains copied as the heads land (CHAIN_STREAM, bench/NOTES.md 57)
         expert=(--variant bf16_expert_w2 --variant bf16_expert_order_k_w2 --variant fp8_expert_a128_w2
