@@ -30,6 +30,8 @@ static const struct knob {
     {"PARTIAL_LANES", 0, 1}, /* combine, PUSH_PARTIALS: 1: the lanes store a part at the peer (0: a bulk copy) */
     {"PUSH_INTERLEAVE", 0, 1}, /* combine, layout rank at world > 2: 1: push batches go round the peers */
     {"PARTIAL_GRID", 0, 1},    /* combine, layout expert by rank without PUSH_PARTIALS: 1: the grid forms the parts */
+    {"GRID_OWN", 0, 1},        /* combine, PARTIAL_GRID: 1: the grid forms this rank's own parts too */
+    {"GRID_PACK", 0, 1},       /* combine, PARTIAL_GRID: 1: a part of few rows loads several chunks a round */
     {"CHAIN_STREAM", 0, 1}, /* dispatch, layout expert with DEDUP: 1: heads copied into their chains as they land */
     {"CHAIN_WARPS", 0, 8},  /* dispatch, CHAIN_STREAM: warps per block that only copy chains (send no rows) */
 };

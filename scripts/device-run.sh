@@ -19,10 +19,17 @@
 #        world), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        grid (layout expert's parts formed by the whole grid, PARTIAL_GRID,
-#        bench/NOTES.md 58: check --quick with the knob on and off at world 2
-#        and on at world 4, memcheck and racecheck on the changed combine),
-#        grid-time (rows GRID_GROUPS, default g, timed with PARTIAL_GRID on
-#        and off, and on at prefill with PUSH_PARTIALS=0),
+#        with this rank's own parts too, GRID_OWN, and several chunks a round
+#        for parts of few rows, GRID_PACK; bench/NOTES.md 58: check --quick at
+#        world 2 with the default (all on), both new knobs off (the last
+#        build), each alone, and PARTIAL_GRID off; the default and both off
+#        at world 4, at worlds.lua's world 3, and under memcheck and
+#        racecheck; GRID_CASES, some of "default old own pack grid0",
+#        picks the cases, to split the step over calls),
+#        grid-time (rows GRID_GROUPS, default g, timed with the default, each
+#        new knob off, both off (the last build), and the grid at prefill
+#        with PUSH_PARTIALS=0; GRID_TUNINGS, space-separated, replaces the
+#        list),
 #        chains-check (layout expert's chains copied as the heads land,
 #        CHAIN_STREAM: check of the default spec's expert variants with the
 #        knob on (the default) and off and with CHAIN_WARPS 0 and 8, at world
@@ -99,21 +106,38 @@ for s in "$@"; do
         step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
-    grid) # layout expert's peers' parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512)
-        for g in 1 0; do
-            step "check-w2-grid$g" 240 env SYMM_TUNE=PARTIAL_GRID=$g $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+    grid) # layout expert's parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512; GRID_OWN: own
+          # parts too; GRID_PACK: several chunks a round for parts of few rows)
+        grid_tune() { # name -> SYMM_TUNE
+            case $1 in
+            default) echo ;; old) echo GRID_OWN=0,GRID_PACK=0 ;; own) echo GRID_PACK=0 ;; pack) echo GRID_OWN=0 ;;
+            grid0) echo PARTIAL_GRID=0 ;;
+            esac
+        }
+        # GRID_CASES (space-separated) picks cases, to split the step over calls
+        cases=${GRID_CASES:-default old own pack grid0}
+        for g in $cases; do
+            step "check-w2-grid-$g" 240 env SYMM_TUNE="$(grid_tune $g)" $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --time 20
         done
-        step check-w4-grid1 300 env SYMM_TUNE=PARTIAL_GRID=1 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
-            --manifest out/default/manifest.json --quick --graph-replays 20
-        for tool in memcheck racecheck; do
-            step "sanitizer-$tool-grid" 300 env SYMM_TUNE=PARTIAL_GRID=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool \
-                --error-exitcode 9 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+        for g in $cases; do
+            [ "$g" = default ] || [ "$g" = old ] || continue
+            step "check-w4-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+                --manifest out/default/manifest.json --quick --graph-replays 20
+            step "check-worlds-w3-grid-$g" 200 env SYMM_TUNE="$(grid_tune $g)" $run -n 3 --gpus "$gpus" -- \
+                "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
+            for tool in memcheck racecheck; do
+                step "sanitizer-$tool-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 2 --gpus "$gpus" -- \
+                    compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
+                    --manifest out/default/manifest.json --quick --graph-replays 2 \
+                    --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+            done
         done ;;
-    grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID at decode), the rows pushed, the grid at prefill
-        step grid-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
-            default PARTIAL_GRID=0 PUSH_PARTIALS=0,PARTIAL_GRID=1
+    grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID, GRID_OWN, GRID_PACK at decode), each new knob
+               # alone, the last build (both off), the grid at prefill; GRID_TUNINGS (space-separated) replaces the list
+        # shellcheck disable=SC2086 # the list splits on spaces
+        step grid-time 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
+            ${GRID_TUNINGS:-default GRID_OWN=0 GRID_PACK=0 GRID_OWN=0,GRID_PACK=0 PUSH_PARTIALS=0,PARTIAL_GRID=1}
           [ -f "$out/grid/tune.md" ] && cp "$out/grid/tune.md" "$final/grid.md" ;;
     chains-check) # layout expert's chains copied as the heads land (CHAIN_STREAM, bench/NOTES.md 57)
         expert=(--variant bf16_expert_w2 --variant bf16_expert_order_k_w2 --variant fp8_expert_a128_w2

@@ -34,7 +34,7 @@ static const struct {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
-    {"PARTIAL_GRID", 0, 1},
+    {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
@@ -279,49 +279,84 @@ Test(tune, a_variant_compiles_as_three_parts_each_with_its_kernels, .init = gen_
     }
 }
 
-/* PARTIAL_GRID changes combine only where it applies: layout expert with
- * combine_order rank, pushing, at max_tokens <= 512 (where it is on by
- * default, so 1 is the default's code and 0 another); layout rank, the
- * ascending-k order and the pulling combine compile to the default's code
- * with either value. */
+/* PARTIAL_GRID, GRID_OWN and GRID_PACK change combine only where they
+ * apply: layout expert with combine_order rank, pushing, at max_tokens <=
+ * 512 (where all are on by default, so 1 is the default's code and 0
+ * another); layout rank, the ascending-k order and the pulling combine
+ * compile to the default's code with either value. With PARTIAL_GRID 0,
+ * GRID_OWN and GRID_PACK change nothing anywhere. */
 static bool same_cubin(const symm_jit_result *x, const symm_jit_result *y)
 {
     return x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size);
 }
 
-Test(tune, partial_grid_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+static int knob_index(const char *name)
 {
-    int grid = -1;
     for (int k = 0; k < N_KNOBS; k++)
-        if (!strcmp(knobs[k].name, "PARTIAL_GRID"))
-            grid = k;
-    cr_assert(grid >= 0, "no knob PARTIAL_GRID");
+        if (!strcmp(knobs[k].name, name))
+            return k;
+    cr_assert_fail("no knob %s", name);
+    return -1;
+}
+
+static void check_decode_knob(const char *knob, const char *fixed, int fixed_value, bool applies_anywhere)
+{
+    const int at = knob_index(knob), fix = fixed ? knob_index(fixed) : -1;
     const struct {
         const char *name;
         bool applies;
     } cases[] = {{"bf16_expert_w2", true}, {"bf16_rank_w2", false}, {"bf16_expert_order_k_w2", false},
                  {"fp16_expert_a8_pull_w2", false}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const bool applies = applies_anywhere && cases[c].applies;
         char *src = read_variant(cases[c].name);
         int value[N_KNOBS];
         for (int k = 0; k < N_KNOBS; k++)
             value[k] = NOT_GIVEN;
+        if (fix >= 0)
+            value[fix] = fixed_value;
         symm_jit_result base, on, off;
         cr_assert_eq(compile_tuned(cases[c].name, src, value, &base), SYMM_OK, "%s: %s", cases[c].name,
                      symm_last_error());
-        value[grid] = 1;
+        value[at] = 1;
         cr_assert_eq(compile_tuned(cases[c].name, src, value, &on), SYMM_OK, "%s: %s", cases[c].name,
                      symm_last_error());
-        value[grid] = 0;
+        value[at] = 0;
         cr_assert_eq(compile_tuned(cases[c].name, src, value, &off), SYMM_OK, "%s: %s", cases[c].name,
                      symm_last_error());
-        cr_assert_str_eq(on.log, "", "%s, PARTIAL_GRID=1: NVRTC warns: %s", cases[c].name, on.log);
-        cr_assert(same_cubin(&on, &base), "%s: PARTIAL_GRID=1 is not the default's code", cases[c].name);
-        cr_assert_eq(!same_cubin(&off, &base), cases[c].applies, "%s: PARTIAL_GRID=0 %s the default's code",
-                     cases[c].name, cases[c].applies ? "gives" : "changes");
+        cr_assert_str_eq(on.log, "", "%s, %s=1: NVRTC warns: %s", cases[c].name, knob, on.log);
+        cr_assert_str_eq(off.log, "", "%s, %s=0: NVRTC warns: %s", cases[c].name, knob, off.log);
+        cr_assert(same_cubin(&on, &base), "%s: %s=1 is not the default's code", cases[c].name, knob);
+        cr_assert_eq(!same_cubin(&off, &base), applies, "%s: %s=0 %s the default's code", cases[c].name, knob,
+                     applies ? "gives" : "changes");
         symm_jit_result_free(&base);
         symm_jit_result_free(&on);
         symm_jit_result_free(&off);
         free(src);
     }
+}
+
+Test(tune, partial_grid_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("PARTIAL_GRID", NULL, 0, true);
+}
+
+Test(tune, grid_own_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_OWN", NULL, 0, true);
+}
+
+Test(tune, grid_own_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_OWN", "PARTIAL_GRID", 0, false);
+}
+
+Test(tune, grid_pack_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_PACK", NULL, 0, true);
+}
+
+Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_PACK", "PARTIAL_GRID", 0, false);
 }
