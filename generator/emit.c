@@ -15,8 +15,9 @@
 /* The CUDA source is TEMPLATE_CU and then these parts, in this order, each
  * after a #line that names it (templates/variant.cu.in says what each holds). */
 static const char *const CU_PARTS[] = {
-    "templates/cu/primitives.cu.in", "templates/cu/routing.cu.in", "templates/cu/dispatch.cu.in",
-    "templates/cu/combine.cu.in",    "templates/cu/nccl.cu.in",    "templates/cu/hybrid.cu.in",
+    "templates/cu/primitives.cu.in",    "templates/cu/routing.cu.in",      "templates/cu/dispatch.cu.in",
+    "templates/cu/combine.cu.in",       "templates/cu/combine_parts.cu.in", "templates/cu/combine_sums.cu.in",
+    "templates/cu/nccl.cu.in",          "templates/cu/hybrid.cu.in",
 };
 #define TEMPLATE_H "templates/variant.h.in"
 #define TEMPLATE_C "templates/variant.c.in"

@@ -328,7 +328,9 @@ static const char fixture_c[] =
 #define FIXTURE_PART(name) "__global__ void " name "_{{NAME}}() {}\n"
 static const char part_primitives[] = FIXTURE_PART("primitives"), part_routing[] = FIXTURE_PART("routing"),
                   part_dispatch[] = FIXTURE_PART("dispatch"), part_combine[] = FIXTURE_PART("combine"),
-                  part_nccl[] = FIXTURE_PART("nccl"), part_hybrid[] = FIXTURE_PART("hybrid");
+                  part_combine_parts[] = FIXTURE_PART("combine_parts"),
+                  part_combine_sums[] = FIXTURE_PART("combine_sums"), part_nccl[] = FIXTURE_PART("nccl"),
+                  part_hybrid[] = FIXTURE_PART("hybrid");
 /* The description's fields (a stub's, and each companion's). */
 static const char fixture_desc[] = "    .name = \"{{NAME}}\",\n";
 static const sg_template fixture_table[] = {
@@ -340,6 +342,8 @@ static const sg_template fixture_table[] = {
     {"templates/cu/routing.cu.in", part_routing, sizeof part_routing - 1},
     {"templates/cu/dispatch.cu.in", part_dispatch, sizeof part_dispatch - 1},
     {"templates/cu/combine.cu.in", part_combine, sizeof part_combine - 1},
+    {"templates/cu/combine_parts.cu.in", part_combine_parts, sizeof part_combine_parts - 1},
+    {"templates/cu/combine_sums.cu.in", part_combine_sums, sizeof part_combine_sums - 1},
     {"templates/cu/nccl.cu.in", part_nccl, sizeof part_nccl - 1},
     {"templates/cu/hybrid.cu.in", part_hybrid, sizeof part_hybrid - 1},
     {NULL, NULL, 0},
@@ -371,7 +375,8 @@ Test(generate, header_hashes_and_embedded_source_agree)
               "no #line after the header:\n%s", g.cu.data);
     /* The parts follow in their order, each after a #line naming it. */
     const char *at = g.cu.data;
-    static const char *const parts[] = {"primitives", "routing", "dispatch", "combine", "nccl", "hybrid"};
+    static const char *const parts[] = {"primitives",   "routing", "dispatch", "combine", "combine_parts",
+                                        "combine_sums", "nccl",    "hybrid"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         FMT(want, "#line 1 \"templates/cu/%s.cu.in\"\n__global__ void %s_%s() {}\n", parts[i], parts[i], v.name);
         const char *found = strstr(at, want);
