@@ -28,7 +28,8 @@
 #   BENCH_GPUS      device ordinals of the ranks (default 0,1,...,BENCH_WORLD-1)
 #   BENCH_MACHINE   the machine, for RESULTS.md (default: the GPUs nvidia-smi names)
 #   BENCH_COMMIT    the commit, for RESULTS.md (default: git rev-parse --short HEAD)
-#   BENCH_TIMEOUT   seconds moe_bench may run (default 360)
+#   BENCH_TIMEOUT   seconds moe_bench may run (default 180 x world: 360 at world 2,
+#                   720 at 4, 1440 at 8)
 #   BENCH_RESULTS   file the entry is appended to (default bench/RESULTS.md, or none
 #                   when $OUT is set); "none": append nowhere
 #   SYMM_CACHE_DIR  JIT cache of moe_bench (default $SYMM_BUILD_DIR/jit-cache)
@@ -38,7 +39,6 @@
 set -uo pipefail
 build=${SYMM_BUILD_DIR:-build}
 outdir=${BENCH_OUT:-bench/out}
-limit=${BENCH_TIMEOUT:-360}
 gen=out/bench
 spec=specs/bench.lua
 note() { echo "bench: $*"; }
@@ -53,6 +53,10 @@ if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" 
     note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (ranks sharing a GPU are time-sliced; found $ngpu GPUs)"
     exit 1
 fi
+# Every row runs at every rank, and the NCCL backend's and the CPU
+# reference's share grow with the world: at world 4 the rows took about
+# 450 s where world 2's take about 90 (bench/RESULTS.md 2026-11-26 13:43).
+limit=${BENCH_TIMEOUT:-$((180 * world))}
 for bin in bin/symmgen bin/symmrun bench/moe_bench bench/jit_bench bench/link_probe; do
     if [ ! -x "$build/$bin" ]; then
         note "$build/$bin is missing: build first (make BUILD=$build gpu-build), or set SYMM_BUILD_DIR"
