@@ -61,7 +61,9 @@
 --                          rank, in fp32, rounded once. Only one row per
 --                          (token, rank) crosses NVLink back, as in layout
 --                          "rank" (at prefill, 1.7x faster than "k" on two
---                          H200s, bench/NOTES.md 50).
+--                          H200s, bench/NOTES.md 50; at decode, where the
+--                          whole grid forms the parts, 1.3x on two H100s,
+--                          NOTES.md 58).
 --                   "k"    the sum of w * y over the token's experts in
 --                          ascending k, in fp32, rounded once: no
 --                          intermediate rounding, but every (token, expert)
