@@ -314,14 +314,13 @@ static void compose_one(uint64_t seed, int iter)
     symm_ref_send_stats comp_stats[SYMM_REF_MAX_WORLD];
     for (int p = 0; p < W; p++)
         cr_assert_eq(symm_ref_recv_alloc(&comp, &got[p]), SYMM_OK, "%s", symm_last_error());
+    /* Each rank's forwarded tokens, the input of its host's companion (host g: ranks g * L ...). */
+    symm_ref_input cin[SYMM_REF_MAX_WORLD];
+    for (int p = 0; p < W; p++)
+        cin[p] = (symm_ref_input){forwarded[p], fx[p], fp8 ? fscales[p] : NULL, ftopk[p],
+                                  cfg.weights ? fweights[p] : NULL};
     for (int g = 0; g < H; g++) {
-        symm_ref_input cin[SYMM_REF_MAX_WORLD];
-        for (int l = 0; l < L; l++) {
-            const int p = g * L + l;
-            cin[l] = (symm_ref_input){forwarded[p], fx[p], fp8 ? fscales[p] : NULL, ftopk[p],
-                                      cfg.weights ? fweights[p] : NULL};
-        }
-        const symm_status cs = symm_ref_dispatch(&comp, cin, got + g * L, comp_stats + g * L);
+        const symm_status cs = symm_ref_dispatch(&comp, cin + g * L, got + g * L, comp_stats + g * L);
         cr_assert(cs == SYMM_OK || cs == SYMM_ERR_OVERFLOW, "%s", symm_last_error());
     }
     /* Invalid ids at the source; drops summed over the world (the
@@ -386,13 +385,7 @@ static void compose_one(uint64_t seed, int iter)
     cr_assert_eq(symm_ref_combine(&cfg, ref_in, want, (const void *const *)y, want_out), SYMM_OK, "%s",
                  symm_last_error());
     for (int g = 0; g < H; g++) {
-        symm_ref_input cin[SYMM_REF_MAX_WORLD];
-        for (int l = 0; l < L; l++) {
-            const int p = g * L + l;
-            cin[l] = (symm_ref_input){forwarded[p], fx[p], fp8 ? fscales[p] : NULL, ftopk[p],
-                                      cfg.weights ? fweights[p] : NULL};
-        }
-        cr_assert_eq(symm_ref_combine(&comp, cin, got + g * L, (const void *const *)(y + g * L), pout + g * L),
+        cr_assert_eq(symm_ref_combine(&comp, cin + g * L, got + g * L, (const void *const *)(y + g * L), pout + g * L),
                      SYMM_OK, "%s", symm_last_error());
     }
     for (int s = 0; s < W; s++) {

@@ -1492,29 +1492,50 @@ Test(manifest, variant_open_checks_the_manifest_before_the_gpu)
     wf_rmtree(t.dir);
 }
 
+/* A world of one and the fixture's tiny_rank made a variant of one rank: the
+ * descriptor and its source's WORLD both say 1, so that what a test changes
+ * is the only thing wrong. */
+typedef struct solo_fixture {
+    char dir[128];
+    symm_world *w;
+    symm_manifest *m;
+    symm_variant_desc desc;
+    char *source;
+} solo_fixture;
+
+static void solo_open(solo_fixture *f, const char *job_id)
+{
+    wf_tempdir(f->dir, sizeof f->dir);
+    symm_world_config cfg = {.size = 1, .job_id = job_id, .socket_dir = f->dir};
+    cr_assert_eq(symm_world_create(&cfg, &f->w), SYMM_OK, "%s", symm_last_error());
+    const symm_variant_desc *d;
+    cr_assert_eq(symm_manifest_open(FIXTURE, &f->m), SYMM_OK, "%s", symm_last_error());
+    cr_assert_eq(symm_manifest_variant(f->m, "tiny_rank", &d), SYMM_OK, "%s", symm_last_error());
+    f->desc = *d;
+    f->desc.world = 1;
+    f->source = strdup(d->source);
+    char *world = strstr(f->source, "\nconstexpr int WORLD = 2;");
+    cr_assert(world, "the fixture source has no WORLD = 2");
+    world[sizeof "\nconstexpr int WORLD = " - 1] = '1';
+    f->desc.source = f->source;
+}
+
+static void solo_close(solo_fixture *f)
+{
+    free(f->source);
+    symm_manifest_close(f->m);
+    symm_world_destroy(f->w);
+    wf_rmtree(f->dir);
+}
+
 /* A device timeout that is NaN, negative or too long for int64 nanoseconds is
  * refused before any GPU work (it used to reach the device, or worse, be
  * converted to timeout_ns with undefined behaviour). */
 Test(manifest, variant_create_refuses_a_timeout_out_of_range)
 {
     uint64_t rng = fresh_seed();
-    char dir[128];
-    wf_tempdir(dir, sizeof dir);
-    symm_world_config cfg = {.size = 1, .job_id = "solo-timeout", .socket_dir = dir};
-    symm_world *w;
-    cr_assert_eq(symm_world_create(&cfg, &w), SYMM_OK, "%s", symm_last_error());
-    symm_manifest *m;
-    const symm_variant_desc *d;
-    cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
-    cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &d), SYMM_OK, "%s", symm_last_error());
-    /* A world of one: the descriptor and its source's WORLD both say 1, so
-     * that the timeout is the only thing wrong. */
-    symm_variant_desc solo = *d;
-    solo.world = 1;
-    char *source = strdup(d->source), *world = strstr(source, "\nconstexpr int WORLD = 2;");
-    cr_assert(world, "the fixture source has no WORLD = 2");
-    world[sizeof "\nconstexpr int WORLD = " - 1] = '1';
-    solo.source = source;
+    solo_fixture f;
+    solo_open(&f, "solo-timeout");
     const double bad[] = {
         NAN,
         INFINITY,
@@ -1526,7 +1547,7 @@ Test(manifest, variant_create_refuses_a_timeout_out_of_range)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         symm_variant_options opts = {.backend = SYMM_BACKEND_NATIVE, .timeout_s = bad[i]};
         symm_variant *v = (symm_variant *)1;
-        symm_status st = symm_variant_create(w, &solo, &opts, &v);
+        symm_status st = symm_variant_create(f.w, &f.desc, &opts, &v);
         cr_assert_eq(st, SYMM_ERR_INVALID_ARG, "timeout_s %g: got %s (%s), expected SYMM_ERR_INVALID_ARG", bad[i],
                      symm_status_name(st), symm_last_error());
         cr_assert(strstr(symm_last_error(), "symm_variant_create: timeout_s") &&
@@ -1535,10 +1556,7 @@ Test(manifest, variant_create_refuses_a_timeout_out_of_range)
                   symm_last_error());
         cr_assert_null(v, "timeout_s %g: a refused create left a variant behind", bad[i]);
     }
-    free(source);
-    symm_manifest_close(m);
-    symm_world_destroy(w);
-    wf_rmtree(dir);
+    solo_close(&f);
 }
 
 /* The backend is picked before any GPU work: SYMM_BACKEND's unknown value
@@ -1547,25 +1565,12 @@ Test(manifest, variant_create_refuses_a_timeout_out_of_range)
  * that native serves it; all without a GPU. */
 Test(manifest, variant_create_picks_the_backend_before_the_gpu)
 {
-    char dir[128];
-    wf_tempdir(dir, sizeof dir);
-    symm_world_config cfg = {.size = 1, .job_id = "solo-backend", .socket_dir = dir};
-    symm_world *w;
-    cr_assert_eq(symm_world_create(&cfg, &w), SYMM_OK, "%s", symm_last_error());
-    symm_manifest *m;
-    const symm_variant_desc *d;
-    cr_assert_eq(symm_manifest_open(FIXTURE, &m), SYMM_OK, "%s", symm_last_error());
-    cr_assert_eq(symm_manifest_variant(m, "tiny_rank", &d), SYMM_OK, "%s", symm_last_error());
-    symm_variant_desc solo = *d;
-    solo.world = 1;
-    char *source = strdup(d->source), *world = strstr(source, "\nconstexpr int WORLD = 2;");
-    cr_assert(world, "the fixture source has no WORLD = 2");
-    world[sizeof "\nconstexpr int WORLD = " - 1] = '1';
-    solo.source = source;
+    solo_fixture f;
+    solo_open(&f, "solo-backend");
     symm_variant *v = (symm_variant *)1;
 
     setenv("SYMM_BACKEND", "nvlink", 1);
-    symm_status st = symm_variant_create(w, &solo, NULL, &v);
+    symm_status st = symm_variant_create(f.w, &f.desc, NULL, &v);
     cr_assert_eq(st, SYMM_ERR_INVALID_ARG, "SYMM_BACKEND=nvlink: got %s (%s)", symm_status_name(st),
                  symm_last_error());
     cr_assert(strstr(symm_last_error(), "SYMM_BACKEND=\"nvlink\": expected native, nccl or hybrid"),
@@ -1574,7 +1579,7 @@ Test(manifest, variant_create_picks_the_backend_before_the_gpu)
 
     setenv("SYMM_BACKEND", "hybrid", 1);
     v = (symm_variant *)1;
-    st = symm_variant_create(w, &solo, NULL, &v);
+    st = symm_variant_create(f.w, &f.desc, NULL, &v);
     cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "SYMM_BACKEND=hybrid on one host: got %s (%s)", symm_status_name(st),
                  symm_last_error());
     cr_assert(strstr(symm_last_error(), "backend hybrid") && strstr(symm_last_error(), "on one host") &&
@@ -1585,19 +1590,16 @@ Test(manifest, variant_create_picks_the_backend_before_the_gpu)
     unsetenv("SYMM_BACKEND");
     symm_variant_options opts = {.backend = SYMM_BACKEND_HYBRID};
     v = (symm_variant *)1;
-    st = symm_variant_create(w, &solo, &opts, &v);
+    st = symm_variant_create(f.w, &f.desc, &opts, &v);
     cr_assert_eq(st, SYMM_ERR_UNSUPPORTED, "SYMM_BACKEND_HYBRID on one host: got %s (%s)", symm_status_name(st),
                  symm_last_error());
     cr_assert(strstr(symm_last_error(), "use backend native"), "%s", symm_last_error());
     cr_assert_null(v);
     opts.backend = (symm_backend)(SYMM_BACKEND_HYBRID + 1);
-    st = symm_variant_create(w, &solo, &opts, &v);
+    st = symm_variant_create(f.w, &f.desc, &opts, &v);
     cr_assert_eq(st, SYMM_ERR_INVALID_ARG);
     cr_assert(strstr(symm_last_error(), "SYMM_BACKEND_NCCL or SYMM_BACKEND_HYBRID"), "%s", symm_last_error());
-    free(source);
-    symm_manifest_close(m);
-    symm_world_destroy(w);
-    wf_rmtree(dir);
+    solo_close(&f);
 }
 
 /* symm_desc_check_source: the fixture's descriptor agrees with its source;
