@@ -7,7 +7,9 @@
  * job on N real hosts (one symmrun per host).
  *
  * Two processes. The one the user starts (the front) passes SIGINT, SIGTERM
- * and SIGHUP on to its child, the supervisor, and exits with its status.
+ * and SIGHUP on to its child, the supervisor, and exits with its status
+ * (a signal inherited as ignored is discarded by the kernel and stays so:
+ * nohup's SIGHUP, a background job's SIGINT).
  * The supervisor runs the job: one thread, one poll() loop over a signalfd
  * (SIGCHLD and the signals the front passes on, all blocked), every rank's
  * stdout and stderr pipe and a pipe from the front, so that no full pipe and
@@ -97,11 +99,12 @@ static const char usage_text[] =
     "Every line a rank writes to stdout or stderr is written to symmrun's stdout or\n"
     "stderr with the prefix \"[r] \". Rank 0 reads symmrun's stdin unless that is a\n"
     "terminal; the other ranks read /dev/null. SIGINT, SIGTERM and SIGHUP are\n"
-    "passed on to every rank (a second one kills them). When a rank exits non-zero\n"
-    "or is killed, the others get SIGTERM, then SIGKILL %g s later. Each rank runs\n"
-    "in a process group of its own; what the ranks leave running once they have\n"
-    "all exited gets SIGTERM, then SIGKILL: nothing the job starts outlives symmrun,\n"
-    "even when symmrun is killed with SIGKILL.\n"
+    "passed on to every rank (a second one kills them; one that symmrun inherits\n"
+    "as ignored, as under nohup or in a script's background job, stays ignored).\n"
+    "When a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL\n"
+    "%g s later. Each rank runs in a process group of its own; what the ranks leave\n"
+    "running once they have all exited gets SIGTERM, then SIGKILL: nothing the job\n"
+    "starts outlives symmrun, even when symmrun is killed with SIGKILL.\n"
     "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1\n"
     "are set unless already set: NVLink multicast stays off.\n"
     "\n"

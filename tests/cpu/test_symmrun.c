@@ -67,7 +67,19 @@ static const char *symmrun_path(void)
     return path;
 }
 
-static void start(run *r, const char *const *args)
+/* The child's signals as a terminal's foreground job has them: a signal
+ * the test runner inherited as ignored (a shell's background job ignores
+ * SIGINT and SIGQUIT, nohup SIGHUP) would stay ignored across exec, and
+ * symmrun rightly keeps it so. */
+static void default_signals(void)
+{
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        signal(sigs[i], SIG_DFL);
+}
+
+/* start, with `ignored` (0: none) ignored in symmrun from its start. */
+static void start_ignoring(run *r, const char *const *args, int ignored)
 {
     const char *argv[64] = {symmrun_path()};
     int n = 1;
@@ -82,6 +94,9 @@ static void start(run *r, const char *const *args)
     r->pid = fork();
     cr_assert(r->pid >= 0);
     if (r->pid == 0) {
+        default_signals();
+        if (ignored)
+            signal(ignored, SIG_IGN);
         dup2(out[1], 1);
         dup2(err[1], 2);
         close(out[0]);
@@ -96,6 +111,8 @@ static void start(run *r, const char *const *args)
     r->fd[0] = out[0];
     r->fd[1] = err[0];
 }
+
+static void start(run *r, const char *const *args) { start_ignoring(r, args, 0); }
 
 static int count_of(const char *hay, const char *needle)
 {
@@ -568,6 +585,21 @@ Test(symmrun, sigint_to_symmrun_stops_the_ranks_with_130)
     release(&r);
 }
 
+/* A signal symmrun inherits as ignored stays ignored (`nohup symmrun ...`
+ * keeps running when the terminal hangs up): the ranks finish. */
+Test(symmrun, a_signal_ignored_at_start_stays_ignored)
+{
+    run r;
+    start_ignoring(&r, (const char *[]){"-n", "2", "/bin/sh", "-c", "echo ready; sleep 1; echo done", NULL}, SIGHUP);
+    pump(&r, wf_now() + 5, "ready", 2);
+    cr_assert_eq(count_of(r.buf[0], "ready"), 2, "the ranks never got ready: %s", r.buf[0]);
+    kill(r.pid, SIGHUP);
+    finish(&r, 10);
+    cr_assert_eq(r.code, 0, "exit %d; stderr: %s", r.code, r.buf[1]);
+    cr_assert_eq(count_of(r.buf[0], "done"), 2, "stdout: %s", r.buf[0]);
+    release(&r);
+}
+
 /* Waits up to `seconds` for every pid to be gone (reaping any that came to
  * this process, a subreaper); true when none is left. */
 static bool all_gone(const pid_t *pids, int n, double seconds)
@@ -713,6 +745,7 @@ Test(symmrun, sigint_to_the_process_group_is_passed_on_once)
     if (holder == 0) {
         /* A process group of its own, as a shell makes for a job. */
         setpgid(0, 0);
+        default_signals();
         dup2(out[1], 1);
         close(out[0]);
         close(out[1]);

@@ -864,8 +864,15 @@ static void y_past_symmetric_end(const symm_variant_desc *d, const dev_in *b, sy
                                  const void **y, void **out, unsigned long long *rng, char (*needle)[96])
 {
     (void)b, (void)a, (void)out, (void)rng;
-    /* Region y is the last of the symmetric buffer: 4 KiB on, its end is out. */
-    *y = (const char *)*y + 4096;
+    /* Moved on so that its capacity rows end 4 KiB past the buffer's end
+     * (region y need not be the last region: layout expert's chain_ready
+     * may follow it). */
+    const symm_region_desc *r = &d->regions[SYMM_REGION_Y];
+    const uint64_t need = (uint64_t)d->capacity * (uint64_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    cr_assert(r->symmetric && need <= d->symmetric_bytes && r->offset <= d->symmetric_bytes - need,
+              "%s: region y at %llu with %llu bytes of rows inside %llu symmetric bytes", d->name,
+              (unsigned long long)r->offset, (unsigned long long)need, (unsigned long long)d->symmetric_bytes);
+    *y = (const char *)*y + (d->symmetric_bytes - need - r->offset) + 4096;
     snprintf(needle[0], 96, "capacity %lld rows", (long long)d->capacity);
     snprintf(needle[1], 96, "symm_recv_buffers.y");
 }
