@@ -39,6 +39,11 @@
 #        2 GPUs), chains-warps (rows g with CHAIN_WARPS 2 and 8),
 #        chains-profile (rows g's phase times, moe_bench --profile, with
 #        CHAIN_STREAM on and off),
+#        chain-grid (layout expert's chain copies dealt over the grid,
+#        CHAIN_GRID, bench/NOTES.md 62: check --quick of the default spec
+#        with the knob on at world 2 (also with BULK_SLOTS 2) and 4 and of
+#        worlds.lua at 3, memcheck and racecheck of its expert variants,
+#        then rows g timed with the knob off and on, and their profile),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -174,6 +179,29 @@ for s in "$@"; do
             tune=$knobs; [ "$knobs" = default ] && tune=
             step "chains-profile-$knobs" 280 env SYMM_TUNE="$tune" SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile
+        done ;;
+    chain-grid) # layout expert's chain copies dealt over the whole grid (CHAIN_GRID, bench/NOTES.md 62)
+        step check-w2-chain-grid 240 env SYMM_TUNE=CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --quick --time 20
+        step check-w2-chain-grid-slots2 240 env SYMM_TUNE=CHAIN_GRID=1,BULK_SLOTS=2 $run -n 2 --gpus "$gpus" -- \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5 \
+            --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2 --variant fp8_expert_a128_w2
+        step check-w4-chain-grid 300 env SYMM_TUNE=CHAIN_GRID=1 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --quick --graph-replays 20
+        step check-worlds-w3-chain-grid 200 env SYMM_TUNE=CHAIN_GRID=1 $run -n 3 --gpus "$gpus" -- \
+            "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
+        for tool in memcheck racecheck; do
+            step "sanitizer-$tool-chain-grid" 300 env SYMM_TUNE=CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- \
+                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
+                --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+        done
+        step chain-grid-time 300 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chain-grid" scripts/bench-tune.sh --groups g \
+            default CHAIN_GRID=1
+        for knobs in default CHAIN_GRID=1; do
+            tune=$knobs; [ "$knobs" = default ] && tune=
+            step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
+                "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20
         done ;;
     chains-warps) # rows g: warps a block that only copy chains (default 4)
         step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \
