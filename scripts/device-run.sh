@@ -44,6 +44,9 @@
 #        with the knob on at world 2 (also with BULK_SLOTS 2) and 4 and of
 #        worlds.lua at 3, memcheck and racecheck of its expert variants,
 #        then rows g timed with the knob off and on, and their profile),
+#        grid-tma (combine's grid parts with half of each round through the
+#        TMA, GRID_TMA, bench/NOTES.md 63: the same checks and timings with
+#        that knob, and both knobs together),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -203,6 +206,23 @@ for s in "$@"; do
             step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20
         done ;;
+    grid-tma) # combine's grid parts, half of each round through the TMA (GRID_TMA, bench/NOTES.md 63)
+        step check-w2-grid-tma 240 env SYMM_TUNE=GRID_TMA=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --quick --time 20
+        step check-w4-grid-tma 300 env SYMM_TUNE=GRID_TMA=1,CHAIN_GRID=1 $run -n 4 --gpus "$gpus" -- \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20
+        step check-worlds-w3-grid-tma 200 env SYMM_TUNE=GRID_TMA=1 $run -n 3 --gpus "$gpus" -- \
+            "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
+        for tool in memcheck racecheck; do
+            step "sanitizer-$tool-grid-tma" 300 env SYMM_TUNE=GRID_TMA=1 $run -n 2 --gpus "$gpus" -- \
+                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
+                --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+        done
+        step grid-tma-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid-tma" scripts/bench-tune.sh --groups g \
+            default GRID_TMA=1 GRID_TMA=1,CHAIN_GRID=1
+        step grid-tma-profile 200 env SYMM_TUNE=GRID_TMA=1,CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- \
+            "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20 ;;
     chains-warps) # rows g: warps a block that only copy chains (default 4)
         step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \
             CHAIN_WARPS=2 CHAIN_WARPS=8

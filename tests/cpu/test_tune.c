@@ -35,7 +35,7 @@ static const struct {
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
-    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1},
+    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"GRID_TMA", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -105,7 +105,7 @@ static void refused(const char *text, const char *item, const char *why)
     cr_assert(strstr(msg, "symm_variant_options.tune"), "\"%s\": no origin: %s", text, msg);
     cr_assert(strstr(msg, quoted), "\"%s\": the item is not named: %s", text, msg);
     cr_assert(strstr(msg, why), "\"%s\": expected \"%s\" in: %s", text, why, msg);
-    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "CHAIN_GRID 0..1"),
+    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "GRID_TMA 0..1"),
               "\"%s\": the knobs are not listed: %s", text, msg);
 }
 
@@ -397,6 +397,47 @@ Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .
             cr_assert(same_cubin(&off, &base), "%s: CHAIN_GRID=0 is not the default's code", cases[c].name);
             cr_assert_eq(!same_cubin(&on, &base), applies, "%s%s: CHAIN_GRID=1 %s the default's code",
                          cases[c].name, streamed ? " with CHAIN_STREAM=1" : "", applies ? "gives" : "changes");
+            symm_jit_result_free(&base);
+            symm_jit_result_free(&on);
+            symm_jit_result_free(&off);
+        }
+        free(src);
+    }
+}
+
+/* GRID_TMA (default 0) changes combine only where PARTIAL_GRID applies
+ * (layout expert by rank, pushing, max_tokens <= 512), and nothing with
+ * PARTIAL_GRID 0. */
+Test(tune, grid_tma_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    const int at = knob_index("GRID_TMA"), grid = knob_index("PARTIAL_GRID");
+    const struct {
+        const char *name;
+        bool applies;
+    } cases[] = {{"bf16_expert_w2", true}, {"bf16_rank_w2", false}, {"bf16_expert_order_k_w2", false},
+                 {"fp16_expert_a8_pull_w2", false}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *src = read_variant(cases[c].name);
+        for (int gridless = 0; gridless < (c == 0 ? 2 : 1); gridless++) {
+            int value[N_KNOBS];
+            for (int k = 0; k < N_KNOBS; k++)
+                value[k] = NOT_GIVEN;
+            if (gridless)
+                value[grid] = 0;
+            const bool applies = cases[c].applies && !gridless;
+            symm_jit_result base, on, off;
+            cr_assert_eq(compile_tuned(cases[c].name, src, value, &base), SYMM_OK, "%s: %s", cases[c].name,
+                         symm_last_error());
+            value[at] = 0;
+            cr_assert_eq(compile_tuned(cases[c].name, src, value, &off), SYMM_OK, "%s: %s", cases[c].name,
+                         symm_last_error());
+            value[at] = 1;
+            cr_assert_eq(compile_tuned(cases[c].name, src, value, &on), SYMM_OK, "%s: %s", cases[c].name,
+                         symm_last_error());
+            cr_assert_str_eq(on.log, "", "%s, GRID_TMA=1: NVRTC warns: %s", cases[c].name, on.log);
+            cr_assert(same_cubin(&off, &base), "%s: GRID_TMA=0 is not the default's code", cases[c].name);
+            cr_assert_eq(!same_cubin(&on, &base), applies, "%s%s: GRID_TMA=1 %s the default's code", cases[c].name,
+                         gridless ? " with PARTIAL_GRID=0" : "", applies ? "gives" : "changes");
             symm_jit_result_free(&base);
             symm_jit_result_free(&on);
             symm_jit_result_free(&off);
