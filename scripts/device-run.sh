@@ -50,6 +50,9 @@
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
+#        ab (rows AB_GROUPS, default g, at world 2: this tree's kernels and
+#        those of the commit scripts/ab-prepare.sh put in BUILD/ab, AB_ROUNDS
+#        rounds (default 2) alternated in this call; table in $OUT's ab.md),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
 #        each path, bench/NOTES.md 42), example (examples/c at 2 ranks),
 #        python (the PyTorch package installed offline into python3, the one
@@ -206,6 +209,27 @@ for s in "$@"; do
             step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20
         done ;;
+    ab) # this tree's kernels against BUILD/ab's (scripts/ab-prepare.sh REV), alternated in one call
+        if [ ! -f "$build/ab/bench/manifest.json" ]; then
+            summary+=("ab: no $build/ab/bench/manifest.json (run scripts/ab-prepare.sh REV before the call)")
+        else
+            rev=$(cat "$build/ab/REV" 2>/dev/null || echo unknown)
+            for i in $(seq 1 "${AB_ROUNDS:-2}"); do
+                for side in new old; do
+                    m=out/bench/manifest.json
+                    [ "$side" = old ] && m=$build/ab/bench/manifest.json
+                    step "ab-$side-$i" 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
+                        "$build/bench/moe_bench" --manifest "$m" --groups "${AB_GROUPS:-g}" --no-nccl --reps 20
+                done
+            done
+            { echo "rows ${AB_GROUPS:-g}, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated"
+              echo
+              for f in "$out"/ab-*.log; do
+                  echo "$(basename "$f" .log):"
+                  grep -aE '^\[0\] [a-z][a-z0-9.]* +bench_' "$f" | awk '{print "  " $2, $6, "/", $7}'
+              done; } > "$out/ab.md"
+            cp "$out/ab.md" "$final/ab.md"
+        fi ;;
     grid-tma) # combine's grid parts, half of each round through the TMA (GRID_TMA, bench/NOTES.md 63)
         step check-w2-grid-tma 240 env SYMM_TUNE=GRID_TMA=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --quick --time 20
