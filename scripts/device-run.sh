@@ -93,6 +93,16 @@ step() { # name limit_s command...
     local rc=$?
     summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - t0)) "$(grep -aE 'passed|Synthesis|FAIL|torch_moe:|overhead of' "$out/$name.log" | tail -n 1 | cut -c1-110)")")
 }
+# memcheck and racecheck of three of the default spec's layout-expert variants
+# at world 2 with SYMM_TUNE=$2: steps sanitizer-TOOL-$1.
+expert_sanitizers() { # name tune
+    for tool in memcheck racecheck; do
+        step "sanitizer-$tool-$1" 300 env SYMM_TUNE="$2" $run -n 2 --gpus "$gpus" -- \
+            compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --quick --graph-replays 2 \
+            --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
+    done
+}
 nvidia-smi -L > "$out/machine.log"
 $build/bin/symmgen -q -o out/default specs/default.lua >> "$out/machine.log" 2>&1
 $build/bin/symmgen -q -o out/models specs/models.lua >> "$out/machine.log" 2>&1
@@ -137,12 +147,7 @@ for s in "$@"; do
                 --manifest out/default/manifest.json --quick --graph-replays 20
             step "check-worlds-w3-grid-$g" 200 env SYMM_TUNE="$(grid_tune $g)" $run -n 3 --gpus "$gpus" -- \
                 "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
-            for tool in memcheck racecheck; do
-                step "sanitizer-$tool-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 2 --gpus "$gpus" -- \
-                    compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
-                    --manifest out/default/manifest.json --quick --graph-replays 2 \
-                    --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
-            done
+            expert_sanitizers "grid-$g" "$(grid_tune $g)"
         done ;;
     grid-time) # rows g (bench/NOTES.md 58): the default (PARTIAL_GRID, GRID_OWN, GRID_PACK at decode), each new knob
                # alone, the last build (both off), the grid at prefill; GRID_TUNINGS (space-separated) replaces the list
@@ -171,11 +176,7 @@ for s in "$@"; do
                 --manifest out/worlds/manifest.json --quick --graph-replays 5
         done ;;
     chains-sanitize) # CHAIN_STREAM forced on (these variants' max_tokens is at most 512): under the sanitizers
-        for tool in memcheck racecheck; do
-            step "sanitizer-$tool-chains" 300 env SYMM_TUNE=CHAIN_STREAM=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
-                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
-        done ;;
+        expert_sanitizers chains CHAIN_STREAM=1 ;;
     chains) # rows g: the default (chain copies as the heads land above max_tokens 512) against each way forced
         step chains 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains" scripts/bench-tune.sh --groups g \
             default CHAIN_STREAM=0 CHAIN_STREAM=1
@@ -196,12 +197,7 @@ for s in "$@"; do
             --manifest out/default/manifest.json --quick --graph-replays 20
         step check-worlds-w3-chain-grid 200 env SYMM_TUNE=CHAIN_GRID=1 $run -n 3 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
-        for tool in memcheck racecheck; do
-            step "sanitizer-$tool-chain-grid" 300 env SYMM_TUNE=CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- \
-                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
-                --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
-        done
+        expert_sanitizers chain-grid CHAIN_GRID=1
         step chain-grid-time 300 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chain-grid" scripts/bench-tune.sh --groups g \
             default CHAIN_GRID=1
         for knobs in default CHAIN_GRID=1; do
@@ -237,12 +233,7 @@ for s in "$@"; do
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20
         step check-worlds-w3-grid-tma 200 env SYMM_TUNE=GRID_TMA=1 $run -n 3 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
-        for tool in memcheck racecheck; do
-            step "sanitizer-$tool-grid-tma" 300 env SYMM_TUNE=GRID_TMA=1 $run -n 2 --gpus "$gpus" -- \
-                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
-                --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
-        done
+        expert_sanitizers grid-tma GRID_TMA=1
         step grid-tma-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid-tma" scripts/bench-tune.sh --groups g \
             default GRID_TMA=1 GRID_TMA=1,CHAIN_GRID=1
         step grid-tma-profile 200 env SYMM_TUNE=GRID_TMA=1,CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- \
