@@ -299,110 +299,90 @@ static int knob_index(const char *name)
     return -1;
 }
 
-static void check_decode_knob(const char *knob, const char *fixed, int fixed_value, bool applies_anywhere)
+/* One variant: with `fixed` (NULL: none) at fixed_value, the knob at its
+ * default value compiles to the default's code, and at the other value
+ * (0..1 knobs) to other code exactly where it `applies`; NVRTC warns at
+ * neither. */
+static void check_knob_case(const char *name, const char *knob, int default_value, const char *fixed, int fixed_value,
+                            bool applies)
 {
-    const int at = knob_index(knob), fix = fixed ? knob_index(fixed) : -1;
+    const int at = knob_index(knob), fix = fixed ? knob_index(fixed) : -1, other = !default_value;
+    char with[64] = "";
+    if (fixed)
+        FMT(with, " with %s=%d", fixed, fixed_value);
+    char *src = read_variant(name);
+    int value[N_KNOBS];
+    for (int k = 0; k < N_KNOBS; k++)
+        value[k] = NOT_GIVEN;
+    if (fix >= 0)
+        value[fix] = fixed_value;
+    symm_jit_result base, same, changed;
+    cr_assert_eq(compile_tuned(name, src, value, &base), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[at] = default_value;
+    cr_assert_eq(compile_tuned(name, src, value, &same), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[at] = other;
+    cr_assert_eq(compile_tuned(name, src, value, &changed), SYMM_OK, "%s: %s", name, symm_last_error());
+    cr_assert_str_eq(same.log, "", "%s, %s=%d: NVRTC warns: %s", name, knob, default_value, same.log);
+    cr_assert_str_eq(changed.log, "", "%s, %s=%d: NVRTC warns: %s", name, knob, other, changed.log);
+    cr_assert(same_cubin(&same, &base), "%s%s: %s=%d is not the default's code", name, with, knob, default_value);
+    cr_assert_eq(!same_cubin(&changed, &base), applies, "%s%s: %s=%d %s the default's code", name, with, knob, other,
+                 applies ? "gives" : "changes");
+    symm_jit_result_free(&base);
+    symm_jit_result_free(&same);
+    symm_jit_result_free(&changed);
+    free(src);
+}
+
+/* The knob on the decode variants: layout expert by rank (pushing) and,
+ * where `pull_applies`, its pulling twin; never layout rank or the
+ * ascending-k order. */
+static void check_decode_knob(const char *knob, int default_value, const char *fixed, int fixed_value,
+                              bool applies_anywhere, bool pull_applies)
+{
     const struct {
         const char *name;
         bool applies;
     } cases[] = {{"bf16_expert_w2", true}, {"bf16_rank_w2", false}, {"bf16_expert_order_k_w2", false},
-                 {"fp16_expert_a8_pull_w2", false}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const bool applies = applies_anywhere && cases[c].applies;
-        char *src = read_variant(cases[c].name);
-        int value[N_KNOBS];
-        for (int k = 0; k < N_KNOBS; k++)
-            value[k] = NOT_GIVEN;
-        if (fix >= 0)
-            value[fix] = fixed_value;
-        symm_jit_result base, on, off;
-        cr_assert_eq(compile_tuned(cases[c].name, src, value, &base), SYMM_OK, "%s: %s", cases[c].name,
-                     symm_last_error());
-        value[at] = 1;
-        cr_assert_eq(compile_tuned(cases[c].name, src, value, &on), SYMM_OK, "%s: %s", cases[c].name,
-                     symm_last_error());
-        value[at] = 0;
-        cr_assert_eq(compile_tuned(cases[c].name, src, value, &off), SYMM_OK, "%s: %s", cases[c].name,
-                     symm_last_error());
-        cr_assert_str_eq(on.log, "", "%s, %s=1: NVRTC warns: %s", cases[c].name, knob, on.log);
-        cr_assert_str_eq(off.log, "", "%s, %s=0: NVRTC warns: %s", cases[c].name, knob, off.log);
-        cr_assert(same_cubin(&on, &base), "%s: %s=1 is not the default's code", cases[c].name, knob);
-        cr_assert_eq(!same_cubin(&off, &base), applies, "%s: %s=0 %s the default's code", cases[c].name, knob,
-                     applies ? "gives" : "changes");
-        symm_jit_result_free(&base);
-        symm_jit_result_free(&on);
-        symm_jit_result_free(&off);
-        free(src);
-    }
+                 {"fp16_expert_a8_pull_w2", pull_applies}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        check_knob_case(cases[c].name, knob, default_value, fixed, fixed_value, applies_anywhere && cases[c].applies);
 }
 
 Test(tune, partial_grid_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("PARTIAL_GRID", NULL, 0, true);
+    check_decode_knob("PARTIAL_GRID", 1, NULL, 0, true, false);
 }
 
 Test(tune, grid_own_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("GRID_OWN", NULL, 0, true);
+    check_decode_knob("GRID_OWN", 1, NULL, 0, true, false);
 }
 
 Test(tune, grid_own_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("GRID_OWN", "PARTIAL_GRID", 0, false);
+    check_decode_knob("GRID_OWN", 1, "PARTIAL_GRID", 0, false, false);
 }
 
 Test(tune, grid_pack_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("GRID_PACK", NULL, 0, true);
+    check_decode_knob("GRID_PACK", 1, NULL, 0, true, false);
 }
 
 Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("GRID_PACK", "PARTIAL_GRID", 0, false);
+    check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
 }
 
 /* CHAIN_GRID (default 0) changes the code only where it applies: layout
  * expert by rank with DEDUP and without CHAIN_STREAM (max_tokens <= 512
  * here), the pulling combine's variants too (their dispatch is the same);
  * layout rank and the ascending-k order compile to the default's code with
- * either value, and so does every variant with CHAIN_STREAM 1. */
+ * either value, and so does layout expert by rank with CHAIN_STREAM 1. */
 Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .init = gen_setup,
      .fini = gen_teardown)
 {
-    const int at = knob_index("CHAIN_GRID"), stream = knob_index("CHAIN_STREAM");
-    const struct {
-        const char *name;
-        bool applies;
-    } cases[] = {{"bf16_expert_w2", true}, {"bf16_rank_w2", false}, {"bf16_expert_order_k_w2", false},
-                 {"fp16_expert_a8_pull_w2", true}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        char *src = read_variant(cases[c].name);
-        for (int streamed = 0; streamed < (c == 0 ? 2 : 1); streamed++) {
-            int value[N_KNOBS];
-            for (int k = 0; k < N_KNOBS; k++)
-                value[k] = NOT_GIVEN;
-            if (streamed)
-                value[stream] = 1;
-            const bool applies = cases[c].applies && !streamed;
-            symm_jit_result base, on, off;
-            cr_assert_eq(compile_tuned(cases[c].name, src, value, &base), SYMM_OK, "%s: %s", cases[c].name,
-                         symm_last_error());
-            value[at] = 0;
-            cr_assert_eq(compile_tuned(cases[c].name, src, value, &off), SYMM_OK, "%s: %s", cases[c].name,
-                         symm_last_error());
-            value[at] = 1;
-            cr_assert_eq(compile_tuned(cases[c].name, src, value, &on), SYMM_OK, "%s: %s", cases[c].name,
-                         symm_last_error());
-            cr_assert_str_eq(on.log, "", "%s, CHAIN_GRID=1: NVRTC warns: %s", cases[c].name, on.log);
-            cr_assert(same_cubin(&off, &base), "%s: CHAIN_GRID=0 is not the default's code", cases[c].name);
-            cr_assert_eq(!same_cubin(&on, &base), applies, "%s%s: CHAIN_GRID=1 %s the default's code",
-                         cases[c].name, streamed ? " with CHAIN_STREAM=1" : "", applies ? "gives" : "changes");
-            symm_jit_result_free(&base);
-            symm_jit_result_free(&on);
-            symm_jit_result_free(&off);
-        }
-        free(src);
-    }
+    check_decode_knob("CHAIN_GRID", 0, NULL, 0, true, true);
+    check_knob_case("bf16_expert_w2", "CHAIN_GRID", 0, "CHAIN_STREAM", 1, false);
 }
 
 /* GRID_TMA (default 0) changes combine only where PARTIAL_GRID applies
@@ -410,38 +390,6 @@ Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .
  * PARTIAL_GRID 0. */
 Test(tune, grid_tma_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
 {
-    const int at = knob_index("GRID_TMA"), grid = knob_index("PARTIAL_GRID");
-    const struct {
-        const char *name;
-        bool applies;
-    } cases[] = {{"bf16_expert_w2", true}, {"bf16_rank_w2", false}, {"bf16_expert_order_k_w2", false},
-                 {"fp16_expert_a8_pull_w2", false}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        char *src = read_variant(cases[c].name);
-        for (int gridless = 0; gridless < (c == 0 ? 2 : 1); gridless++) {
-            int value[N_KNOBS];
-            for (int k = 0; k < N_KNOBS; k++)
-                value[k] = NOT_GIVEN;
-            if (gridless)
-                value[grid] = 0;
-            const bool applies = cases[c].applies && !gridless;
-            symm_jit_result base, on, off;
-            cr_assert_eq(compile_tuned(cases[c].name, src, value, &base), SYMM_OK, "%s: %s", cases[c].name,
-                         symm_last_error());
-            value[at] = 0;
-            cr_assert_eq(compile_tuned(cases[c].name, src, value, &off), SYMM_OK, "%s: %s", cases[c].name,
-                         symm_last_error());
-            value[at] = 1;
-            cr_assert_eq(compile_tuned(cases[c].name, src, value, &on), SYMM_OK, "%s: %s", cases[c].name,
-                         symm_last_error());
-            cr_assert_str_eq(on.log, "", "%s, GRID_TMA=1: NVRTC warns: %s", cases[c].name, on.log);
-            cr_assert(same_cubin(&off, &base), "%s: GRID_TMA=0 is not the default's code", cases[c].name);
-            cr_assert_eq(!same_cubin(&on, &base), applies, "%s%s: GRID_TMA=1 %s the default's code", cases[c].name,
-                         gridless ? " with PARTIAL_GRID=0" : "", applies ? "gives" : "changes");
-            symm_jit_result_free(&base);
-            symm_jit_result_free(&on);
-            symm_jit_result_free(&off);
-        }
-        free(src);
-    }
+    check_decode_knob("GRID_TMA", 0, NULL, 0, true, false);
+    check_knob_case("bf16_expert_w2", "GRID_TMA", 0, "PARTIAL_GRID", 0, false);
 }
