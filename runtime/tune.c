@@ -34,8 +34,7 @@ static const struct knob {
     {"GRID_PACK", 0, 1},       /* combine, PARTIAL_GRID: 1: a part of few rows loads several chunks a round */
     {"CHAIN_STREAM", 0, 1}, /* dispatch, layout expert with DEDUP: 1: heads copied into their chains as they land */
     {"CHAIN_WARPS", 0, 8},  /* dispatch, CHAIN_STREAM: warps per block that only copy chains (send no rows) */
-    {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid */
-    {"GRID_TMA", 0, 1},     /* combine, PARTIAL_GRID: 1: half of each round loaded by the TMA into shared memory */
+    {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

@@ -40,13 +40,13 @@
 #        chains-profile (rows g's phase times, moe_bench --profile, with
 #        CHAIN_STREAM on and off),
 #        chain-grid (layout expert's chain copies dealt over the grid,
-#        CHAIN_GRID, bench/NOTES.md 62: check --quick of the default spec
-#        with the knob on at world 2 (also with BULK_SLOTS 2) and 4 and of
-#        worlds.lua at 3, memcheck and racecheck of its expert variants,
-#        then rows g timed with the knob off and on, and their profile),
-#        grid-tma (combine's grid parts with half of each round through the
-#        TMA, GRID_TMA, bench/NOTES.md 63: the same checks and timings with
-#        that knob, and both knobs together),
+#        CHAIN_GRID, on by default, bench/NOTES.md 62: check --quick of the
+#        default spec with the knob on at every max_tokens (CHAIN_STREAM=0)
+#        at world 2 (also with BULK_SLOTS 2) and 4 and of worlds.lua at 3,
+#        the per-block copies (CHAIN_GRID=0) at world 2, memcheck and
+#        racecheck of the default's expert variants, then rows g timed with
+#        the knob on and off, CG_ROUNDS rounds (default 2) alternated, and
+#        their profiles),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -187,20 +187,26 @@ for s in "$@"; do
             step "chains-profile-$knobs" 280 env SYMM_TUNE="$tune" SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile
         done ;;
-    chain-grid) # layout expert's chain copies dealt over the whole grid (CHAIN_GRID, bench/NOTES.md 62)
-        step check-w2-chain-grid 240 env SYMM_TUNE=CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+    chain-grid) # layout expert's chain copies dealt over the whole grid (CHAIN_GRID, on by default; bench/NOTES.md 62)
+        step check-w2-chain-grid 240 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --quick --time 20
-        step check-w2-chain-grid-slots2 240 env SYMM_TUNE=CHAIN_GRID=1,BULK_SLOTS=2 $run -n 2 --gpus "$gpus" -- \
+        step check-w2-chain-grid-slots2 240 env SYMM_TUNE=CHAIN_STREAM=0,BULK_SLOTS=2 $run -n 2 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5 \
             --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2 --variant fp8_expert_a128_w2
-        step check-w4-chain-grid 300 env SYMM_TUNE=CHAIN_GRID=1 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+        step check-w2-chain-grid-off 240 env SYMM_TUNE=CHAIN_GRID=0 $run -n 2 --gpus "$gpus" -- \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5 \
+            --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2 --variant fp8_expert_a128_w2
+        step check-w4-chain-grid 300 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --quick --graph-replays 20
-        step check-worlds-w3-chain-grid 200 env SYMM_TUNE=CHAIN_GRID=1 $run -n 3 --gpus "$gpus" -- \
+        step check-worlds-w3-chain-grid 200 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 3 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
-        expert_sanitizers chain-grid CHAIN_GRID=1
+        expert_sanitizers chain-grid ""
+        tunings=()
+        for i in $(seq 1 "${CG_ROUNDS:-2}"); do tunings+=(default CHAIN_GRID=0); done
         step chain-grid-time 300 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chain-grid" scripts/bench-tune.sh --groups g \
-            default CHAIN_GRID=1
-        for knobs in default CHAIN_GRID=1; do
+            "${tunings[@]}"
+        [ -f "$out/chain-grid/tune.md" ] && cp "$out/chain-grid/tune.md" "$final/chain-grid.md"
+        for knobs in default CHAIN_GRID=0; do
             tune=$knobs; [ "$knobs" = default ] && tune=
             step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20
@@ -226,18 +232,6 @@ for s in "$@"; do
               done; } > "$out/ab.md"
             cp "$out/ab.md" "$final/ab.md"
         fi ;;
-    grid-tma) # combine's grid parts, half of each round through the TMA (GRID_TMA, bench/NOTES.md 63)
-        step check-w2-grid-tma 240 env SYMM_TUNE=GRID_TMA=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
-            --manifest out/default/manifest.json --quick --time 20
-        step check-w4-grid-tma 300 env SYMM_TUNE=GRID_TMA=1,CHAIN_GRID=1 $run -n 4 --gpus "$gpus" -- \
-            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20
-        step check-worlds-w3-grid-tma 200 env SYMM_TUNE=GRID_TMA=1 $run -n 3 --gpus "$gpus" -- \
-            "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
-        expert_sanitizers grid-tma GRID_TMA=1
-        step grid-tma-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid-tma" scripts/bench-tune.sh --groups g \
-            default GRID_TMA=1 GRID_TMA=1,CHAIN_GRID=1
-        step grid-tma-profile 200 env SYMM_TUNE=GRID_TMA=1,CHAIN_GRID=1 $run -n 2 --gpus "$gpus" -- \
-            "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20 ;;
     chains-warps) # rows g: warps a block that only copy chains (default 4)
         step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \
             CHAIN_WARPS=2 CHAIN_WARPS=8

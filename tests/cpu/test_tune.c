@@ -35,7 +35,7 @@ static const struct {
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
-    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"GRID_TMA", 0, 1},
+    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -105,7 +105,7 @@ static void refused(const char *text, const char *item, const char *why)
     cr_assert(strstr(msg, "symm_variant_options.tune"), "\"%s\": no origin: %s", text, msg);
     cr_assert(strstr(msg, quoted), "\"%s\": the item is not named: %s", text, msg);
     cr_assert(strstr(msg, why), "\"%s\": expected \"%s\" in: %s", text, why, msg);
-    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "GRID_TMA 0..1"),
+    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "CHAIN_GRID 0..1"),
               "\"%s\": the knobs are not listed: %s", text, msg);
 }
 
@@ -373,23 +373,15 @@ Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .f
     check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
 }
 
-/* CHAIN_GRID (default 0) changes the code only where it applies: layout
- * expert by rank with DEDUP and without CHAIN_STREAM (max_tokens <= 512
- * here), the pulling combine's variants too (their dispatch is the same);
- * layout rank and the ascending-k order compile to the default's code with
- * either value, and so does layout expert by rank with CHAIN_STREAM 1. */
+/* CHAIN_GRID (default 1 where it applies) changes the code only where it
+ * applies: layout expert by rank with DEDUP and without CHAIN_STREAM
+ * (max_tokens <= 512 here), the pulling combine's variants too (their
+ * dispatch is the same); layout rank and the ascending-k order compile to
+ * the default's code with either value, and so does layout expert by rank
+ * with CHAIN_STREAM 1. */
 Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .init = gen_setup,
      .fini = gen_teardown)
 {
-    check_decode_knob("CHAIN_GRID", 0, NULL, 0, true, true);
-    check_knob_case("bf16_expert_w2", "CHAIN_GRID", 0, "CHAIN_STREAM", 1, false);
-}
-
-/* GRID_TMA (default 0) changes combine only where PARTIAL_GRID applies
- * (layout expert by rank, pushing, max_tokens <= 512), and nothing with
- * PARTIAL_GRID 0. */
-Test(tune, grid_tma_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
-{
-    check_decode_knob("GRID_TMA", 0, NULL, 0, true, false);
-    check_knob_case("bf16_expert_w2", "GRID_TMA", 0, "PARTIAL_GRID", 0, false);
+    check_decode_knob("CHAIN_GRID", 1, NULL, 0, true, true);
+    check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
 }
