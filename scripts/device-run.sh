@@ -52,7 +52,8 @@
 #        at the host's world with PUSH_INTERLEAVE on and off),
 #        ab (rows AB_GROUPS, default g, at world 2: this tree's kernels and
 #        those of the commit scripts/ab-prepare.sh put in BUILD/ab, AB_ROUNDS
-#        rounds (default 2) alternated in this call; table in $OUT's ab.md),
+#        rounds (default 2) alternated in this call, new first in odd
+#        rounds and old first in even ones; table in $OUT's ab.md),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
 #        each path, bench/NOTES.md 42), example (examples/c at 2 ranks),
 #        python (the PyTorch package installed offline into python3, the one
@@ -217,14 +218,17 @@ for s in "$@"; do
         else
             rev=$(cat "$build/ab/REV" 2>/dev/null || echo unknown)
             for i in $(seq 1 "${AB_ROUNDS:-2}"); do
-                for side in new old; do
+                # ABBA: the first of a pair ran 1.5-2.5 us slower or faster
+                # than the second on unchanged code (bench/NOTES.md 62, 64).
+                sides="new old"; [ $((i % 2)) -eq 0 ] && sides="old new"
+                for side in $sides; do
                     m=out/bench/manifest.json
                     [ "$side" = old ] && m=$build/ab/bench/manifest.json
                     step "ab-$side-$i" 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
                         "$build/bench/moe_bench" --manifest "$m" --groups "${AB_GROUPS:-g}" --no-nccl --reps 20
                 done
             done
-            { echo "rows ${AB_GROUPS:-g}, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated"
+            { echo "rows ${AB_GROUPS:-g}, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated (new first in odd rounds, old first in even ones)"
               echo
               for f in "$out"/ab-*.log; do
                   echo "$(basename "$f" .log):"
