@@ -16,7 +16,7 @@
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile (rows PROFILE_GROUPS at the host's world),
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
-#        world), inline, tune, dedup, proxy, rtbench,
+#        world, SWEEP_ROUNDS rounds, default 1), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
 #        grid (layout expert's parts formed by the whole grid, PARTIAL_GRID,
 #        with this rank's own parts too, GRID_OWN, and several chunks a round
@@ -45,8 +45,8 @@
 #        at world 2 (also with BULK_SLOTS 2) and 4 and of worlds.lua at 3,
 #        the per-block copies (CHAIN_GRID=0) at world 2, memcheck and
 #        racecheck of the default's expert variants, then rows g timed with
-#        the knob on and off, CG_ROUNDS rounds (default 2) alternated, and
-#        their profiles),
+#        the knob on and off, CG_ROUNDS rounds (default 2, bench-tune.sh
+#        --rounds: the order reversed in even rounds), and their profiles),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -202,10 +202,8 @@ for s in "$@"; do
         step check-worlds-w3-chain-grid 200 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 3 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
         expert_sanitizers chain-grid ""
-        tunings=()
-        for i in $(seq 1 "${CG_ROUNDS:-2}"); do tunings+=(default CHAIN_GRID=0); done
         step chain-grid-time 300 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chain-grid" scripts/bench-tune.sh --groups g \
-            "${tunings[@]}"
+            --rounds "${CG_ROUNDS:-2}" default CHAIN_GRID=0
         [ -f "$out/chain-grid/tune.md" ] && cp "$out/chain-grid/tune.md" "$final/chain-grid.md"
         for knobs in default CHAIN_GRID=0; do
             tune=$knobs; [ "$knobs" = default ] && tune=
@@ -317,9 +315,9 @@ for s in "$@"; do
         fi
         step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest "$pm" --groups "${PROFILE_GROUPS:-a,b}" --no-nccl --profile ;;
-    sweep) # rows SWEEP_GROUPS (a,b,f) with the tunings SWEEP_TUNINGS at the host's world (SWEEP_WORLD)
+    sweep) # rows SWEEP_GROUPS (a,b,f) with the tunings SWEEP_TUNINGS at the host's world (SWEEP_WORLD), SWEEP_ROUNDS rounds
         step sweep 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/sweep" BENCH_WORLD="${SWEEP_WORLD:-$ngpu}" \
-            scripts/bench-tune.sh --groups "${SWEEP_GROUPS:-a,b,f}" ${SWEEP_TUNINGS:-default}
+            scripts/bench-tune.sh --groups "${SWEEP_GROUPS:-a,b,f}" --rounds "${SWEEP_ROUNDS:-1}" ${SWEEP_TUNINGS:-default}
           [ -f "$out/sweep/tune.md" ] && cp "$out/sweep/tune.md" "$final/sweep.md" ;;
     inline) step inline 200 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b,f --no-nccl --inline-events ;;
