@@ -1312,3 +1312,26 @@ Test(cli, every_variant_of_every_spec_in_specs_compiles)
     closedir(d);
     cr_assert(specs >= 1);
 }
+
+/* The largest capacities compile: a layout-expert variant whose worst case
+ * is 2^27 rows or more (world 8, max_tokens 2^20, top-16 of 128 experts)
+ * keeps its dispatch's chain heads in 8-byte words, where the usual ones
+ * (row << 4 | list length) would not fit an int; one with a capacity just
+ * below keeps the 4-byte words. Both with DEDUP, so both use the heads. */
+Test(cli, layout_expert_at_the_largest_capacities_compiles)
+{
+    wf_watchdog(600);
+    write_at("big.lua", "layout { name = 'big_expert', hidden = 64, topk = 16, experts = 128, world = 8,\n"
+                        "         max_tokens = 1048576, dtype = 'bf16', layout = 'expert' }\n"
+                        "layout { name = 'below_expert', hidden = 64, topk = 16, experts = 128, world = 8,\n"
+                        "         max_tokens = 1048576, dtype = 'bf16', layout = 'expert',\n"
+                        "         capacity = 134217727 }\n");
+    char spec[PATH_MAX + 16];
+    FMT(spec, "%s/big.lua", work);
+    result list = RUN("--list", "--json", spec);
+    cr_assert_eq(list.status, 0, "%s", list.err);
+    cr_assert(strstr(list.out, "\"capacity\":134217728") || strstr(list.out, "\"capacity\": 134217728"),
+              "the worst case is not 2^27 rows: %s", list.out);
+    result_free(&list);
+    expect_compiles(spec, "layout expert at capacities 2^27 and 2^27 - 1");
+}

@@ -485,12 +485,14 @@ Test(spec_fuzz, random_specs_load_or_fail_cleanly_and_deterministically)
             check_messages(&d);
         }
         /* Determinism: the same spec loads the same way (a deadline or a
-         * memory cap met near the limit may fall either side). */
+         * memory cap met near the limit may fall either side, in either
+         * load: string functions are charged by the CPU time they take). */
         if (chance(25) && !ran_too_long(&d)) {
             sg_spec again = { 0 };
             sg_diag d2 = { 0 };
             int rc2 = sg_spec_load(spec_path, ov, n_ov, &again, &d2);
-            cr_assert(rc2 == rc && same_messages(&d, &d2) && (rc != 0 || same_variants(&s, &again)),
+            cr_assert(ran_too_long(&d2) ||
+                          (rc2 == rc && same_messages(&d, &d2) && (rc != 0 || same_variants(&s, &again))),
                       "a second load differs (rc %d then %d, %zu then %zu messages)\n%s", rc, rc2, d.count,
                       d2.count, report);
             sg_spec_free(&again);
