@@ -53,7 +53,8 @@
 #        ab (rows AB_GROUPS, default g, at world 2: this tree's kernels and
 #        those of the commit scripts/ab-prepare.sh put in BUILD/ab, AB_ROUNDS
 #        rounds (default 2) alternated in this call, new first in odd
-#        rounds and old first in even ones; table in $OUT's ab.md),
+#        rounds and old first in even ones; table in $OUT's ab.md, with
+#        each row's mean p50 a side, scripts/ab-table.sh),
 #        probe (link_probe, one rank per GPU: the bytes an SM moves by
 #        each path, bench/NOTES.md 42), example (examples/c at 2 ranks),
 #        python (the PyTorch package installed offline into python3, the one
@@ -228,10 +229,7 @@ for s in "$@"; do
             done
             { echo "rows ${AB_GROUPS:-g}, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated (new first in odd rounds, old first in even ones)"
               echo
-              for f in "$out"/ab-*.log; do
-                  echo "$(basename "$f" .log):"
-                  grep -aE '^\[0\] [a-z][a-z0-9.]* +bench_' "$f" | awk '{print "  " $2, $6, "/", $7}'
-              done; } > "$out/ab.md"
+              scripts/ab-table.sh "$out" "${rev:0:12}"; } > "$out/ab.md" 2>&1
             cp "$out/ab.md" "$final/ab.md"
         fi ;;
     chains-warps) # rows g: warps a block that only copy chains (default 4)

@@ -1,11 +1,14 @@
 /* test_scripts.c: the parts of the GPU scripts that run without a GPU.
  * scripts/bench-tune.sh --rounds: the runs' order (the list in odd rounds,
- * reversed in even ones), and its refusal of a bad count. Run from the
+ * reversed in even ones), and its refusal of a bad count;
+ * scripts/ab-table.sh: the means of the ab step's rounds. Run from the
  * repository root, as make test does. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 /* Runs `command` through the shell; its stdout and stderr in out. */
 static int run(const char *command, char *out, size_t size)
@@ -59,4 +62,57 @@ Test(bench_tune, refuses_a_round_count_outside_1_to_20)
     char out[1024];
     cr_assert_eq(run("scripts/bench-tune.sh --dry-run --rounds", out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "--rounds needs a value"), "%s", out);
+}
+
+/* A log of moe_bench as the ab step keeps it: a row's line with its
+ * dispatch and combine p50/p90 (the 6th and 7th fields), among others. */
+static void write_log(const char *dir, const char *name, double d1, double c1, double d2, double c2)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fprintf(f, "[0] moe_bench: 2 ranks, 2 variants\n"
+               "[0]     row g.decode   T=128   dispatch     %.1f us\n"
+               "[0] row          variant                      T     sms  dispatch us p50/p90\n"
+               "[0] g.decode     bench_dsv3_decode_expert     128   24   %.1f/%.1f          %.1f/%.1f   7.16\n"
+               "[0] g.prefill    bench_dsv3_prefill_expert    4096  24   %.1f/%.1f          %.1f/%.1f   234.49\n"
+               "[1] g.decode     bench_dsv3_decode_expert     128   24   99.0/99.0          99.0/99.0   7.16\n",
+            d1, d1, d1 + 0.2, c1, c1 + 0.2, d2, d2 + 3, c2, c2 + 3);
+    fclose(f);
+}
+
+Test(ab_table, gives_each_row_s_mean_p50_a_side_and_the_difference)
+{
+    char dir[] = "/tmp/symm-ab-table.XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    write_log(dir, "ab-new-1.log", 32.5, 31.0, 400.0, 580.0);
+    write_log(dir, "ab-old-1.log", 34.0, 32.0, 402.0, 590.0);
+    write_log(dir, "ab-old-2.log", 33.0, 33.0, 404.0, 600.0);
+    write_log(dir, "ab-new-2.log", 32.9, 32.0, 406.0, 590.0);
+    char command[256], out[8192];
+    snprintf(command, sizeof command, "scripts/ab-table.sh %s abc123", dir);
+    const int rc = run(command, out, sizeof out);
+    cr_assert_eq(rc, 0, "exit status %d: %s", rc, out);
+    cr_assert(strstr(out, "ab-new-1:\n  g.decode 32.5/32.7 / 31.0/31.2\n  g.prefill 400.0/403.0 / 580.0/583.0\n"),
+              "the runs' rows: %s", out);
+    cr_assert(strstr(out, "| g.decode | 2/2 | 32.70 | 33.50 | -0.80 | 31.50 | 32.50 | -1.00 |\n"), "%s", out);
+    cr_assert(strstr(out, "| g.prefill | 2/2 | 403.00 | 403.00 | +0.00 | 585.00 | 595.00 | -10.00 |\n"), "%s", out);
+    cr_assert(strstr(out, "old: abc123"), "%s", out);
+    cr_assert(!strstr(out, "99.0"), "another rank's line was read: %s", out);
+    /* A directory without logs, and bad usage. */
+    char empty[] = "/tmp/symm-ab-empty.XXXXXX";
+    cr_assert_not_null(mkdtemp(empty));
+    snprintf(command, sizeof command, "scripts/ab-table.sh %s abc123", empty);
+    cr_assert_eq(run(command, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "no ab-new-*.log or ab-old-*.log"), "%s", out);
+    cr_assert_eq(run("scripts/ab-table.sh", out, sizeof out), 2, "%s", out);
+    const char *names[] = {"ab-new-1.log", "ab-old-1.log", "ab-old-2.log", "ab-new-2.log"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    rmdir(empty);
 }
