@@ -2140,9 +2140,44 @@ Test(spec, hosts_add_a_companion_per_host_count_after_the_variant)
         cr_expect(c->hidden == v->hidden && c->topk == v->topk && c->dtype == v->dtype &&
                   c->combine_dtype == v->combine_dtype && c->layout == v->layout && c->align == v->align &&
                   c->sms == 7 && c->weights == v->weights && c->n_hosts == 0 && c->n_companions == 0);
+        /* The parent's combine, not the default of the companion's own
+         * max_tokens (H times the parent's). */
+        cr_expect(c->combine == v->combine, "%s: combine %s, its parent's %s", c->name, sg_combine_name(c->combine),
+                  sg_combine_name(v->combine));
     }
     cr_expect_str_eq(spec.variants[3].name, t.name);
     cr_expect(spec.variants[3].n_companions == 0 && spec.variants[3].companion_hosts == 0);
+}
+
+/* A companion takes its parent's combine: a layout rank parent below
+ * max_tokens 1024 pushes, and so does its companion of H * max_tokens >=
+ * 1024 tokens; a parent of combine = "auto" (written or by default) gives
+ * companions of "auto", whose hosts then pull or push by where y lies. */
+Test(spec, hosts_companions_take_the_parents_combine)
+{
+    const char *path = write_file("spec.lua",
+        "layout { name = \"small\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2, 4 } }\n"
+        "layout { name = \"big\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2 } }\n"
+        "layout { name = \"set\", hidden = 256, topk = 2, experts = 8, world = 2, max_tokens = %d, combine = \"auto\","
+        " hosts = { 2 } }\n",
+        (int)rnd(SG_AUTO_MIN_TOKENS / 2, SG_AUTO_MIN_TOKENS - 1), (int)rnd(SG_AUTO_MIN_TOKENS, 8192),
+        (int)rnd(1, 512));
+    cr_assert(load(path) == 0, "%s", messages());
+    cr_assert_eq(spec.count, 7);
+    static const struct {
+        const char *name;
+        symm_combine_mode combine;
+    } want[] = {
+        {"small", SYMM_COMBINE_PUSH}, {"small_h2", SYMM_COMBINE_PUSH}, {"small_h4", SYMM_COMBINE_PUSH},
+        {"big", SYMM_COMBINE_AUTO},   {"big_h2", SYMM_COMBINE_AUTO},   {"set", SYMM_COMBINE_AUTO},
+        {"set_h2", SYMM_COMBINE_AUTO},
+    };
+    for (size_t i = 0; i < spec.count; i++) {
+        cr_expect_str_eq(spec.variants[i].name, want[i].name);
+        cr_expect(spec.variants[i].combine == want[i].combine, "%s (max_tokens %d): combine %s, expected %s",
+                  spec.variants[i].name, spec.variants[i].max_tokens, sg_combine_name(spec.variants[i].combine),
+                  sg_combine_name(want[i].combine));
+    }
 }
 
 /* World 2 on 2 hosts: a companion of world 1 (two hosts of one GPU). */
