@@ -64,51 +64,58 @@ static const char *const routing_names[] = {"uniform", "zipf", "local"};
  * the first letter of the id (the letters of the issue: a..g; h: the fixed
  * costs, every token routed to its own rank's experts, no row crosses; p:
  * rows a, b, f.8, f.16 and g with combine = "pull", bench/NOTES.md 46; i:
- * rows a, b and g with fp8_e4m3 dispatch and bf16 combine). */
+ * rows a, b and g with fp8_e4m3 dispatch and bf16 combine; u: rows a and b
+ * with combine = "auto", y in the variant's region y (the pulling form) and,
+ * rows *.push, in a buffer of the benchmark's (the pushing form)). */
 typedef struct row_spec {
     const char *id;
     const char *variant;
     int tokens;
     routing route;
+    bool y_outside; /* combine = "auto": y outside the symmetric buffer (it pushes) */
 } row_spec;
 
 static const row_spec matrix[] = {
-    {"a", "bench_dsv3_prefill", 4096, ROUTE_UNIFORM},
-    {"b", "bench_dsv3_decode", 128, ROUTE_UNIFORM},
-    {"b.64", "bench_dsv3_decode_sms64", 128, ROUTE_UNIFORM},
-    {"c.prefill", "bench_qwen3_prefill", 4096, ROUTE_UNIFORM},
-    {"c.decode", "bench_qwen3_decode", 128, ROUTE_UNIFORM},
-    {"d", "bench_dsv3_prefill", 4096, ROUTE_ZIPF},
-    {"e.128", "bench_dsv3_sweep", 128, ROUTE_UNIFORM},
-    {"e.256", "bench_dsv3_sweep", 256, ROUTE_UNIFORM},
-    {"e.512", "bench_dsv3_sweep", 512, ROUTE_UNIFORM},
-    {"e.1024", "bench_dsv3_sweep", 1024, ROUTE_UNIFORM},
-    {"e.2048", "bench_dsv3_sweep", 2048, ROUTE_UNIFORM},
-    {"e.4096", "bench_dsv3_sweep", 4096, ROUTE_UNIFORM},
-    {"e.8192", "bench_dsv3_sweep", 8192, ROUTE_UNIFORM},
-    {"f.8", "bench_dsv3_prefill_sms8", 4096, ROUTE_UNIFORM},
-    {"f.16", "bench_dsv3_prefill_sms16", 4096, ROUTE_UNIFORM},
-    {"f.24", "bench_dsv3_prefill", 4096, ROUTE_UNIFORM},
-    {"f.32", "bench_dsv3_prefill_sms32", 4096, ROUTE_UNIFORM},
-    {"f.48", "bench_dsv3_prefill_sms48", 4096, ROUTE_UNIFORM},
-    {"f.64", "bench_dsv3_prefill_sms64", 4096, ROUTE_UNIFORM},
-    {"g.prefill", "bench_dsv3_prefill_expert", 4096, ROUTE_UNIFORM},
-    {"g.decode", "bench_dsv3_decode_expert", 128, ROUTE_UNIFORM},
-    {"g.k.prefill", "bench_dsv3_prefill_expert_k", 4096, ROUTE_UNIFORM},
-    {"g.k.decode", "bench_dsv3_decode_expert_k", 128, ROUTE_UNIFORM},
-    {"h.prefill", "bench_dsv3_prefill", 4096, ROUTE_LOCAL},
-    {"h.decode", "bench_dsv3_decode", 128, ROUTE_LOCAL},
-    {"h.expert", "bench_dsv3_prefill_expert", 4096, ROUTE_LOCAL},
-    {"p.a", "bench_dsv3_prefill_pull", 4096, ROUTE_UNIFORM},
-    {"p.b", "bench_dsv3_decode_pull", 128, ROUTE_UNIFORM},
-    {"p.f.8", "bench_dsv3_prefill_sms8_pull", 4096, ROUTE_UNIFORM},
-    {"p.f.16", "bench_dsv3_prefill_sms16_pull", 4096, ROUTE_UNIFORM},
-    {"p.g.prefill", "bench_dsv3_prefill_expert_pull", 4096, ROUTE_UNIFORM},
-    {"p.g.decode", "bench_dsv3_decode_expert_pull", 128, ROUTE_UNIFORM},
-    {"i.a", "bench_dsv3_prefill_fp8", 4096, ROUTE_UNIFORM},
-    {"i.b", "bench_dsv3_decode_fp8", 128, ROUTE_UNIFORM},
-    {"i.g.prefill", "bench_dsv3_prefill_expert_fp8", 4096, ROUTE_UNIFORM},
-    {"i.g.decode", "bench_dsv3_decode_expert_fp8", 128, ROUTE_UNIFORM},
+    {"a", "bench_dsv3_prefill", 4096, ROUTE_UNIFORM, false},
+    {"b", "bench_dsv3_decode", 128, ROUTE_UNIFORM, false},
+    {"b.64", "bench_dsv3_decode_sms64", 128, ROUTE_UNIFORM, false},
+    {"c.prefill", "bench_qwen3_prefill", 4096, ROUTE_UNIFORM, false},
+    {"c.decode", "bench_qwen3_decode", 128, ROUTE_UNIFORM, false},
+    {"d", "bench_dsv3_prefill", 4096, ROUTE_ZIPF, false},
+    {"e.128", "bench_dsv3_sweep", 128, ROUTE_UNIFORM, false},
+    {"e.256", "bench_dsv3_sweep", 256, ROUTE_UNIFORM, false},
+    {"e.512", "bench_dsv3_sweep", 512, ROUTE_UNIFORM, false},
+    {"e.1024", "bench_dsv3_sweep", 1024, ROUTE_UNIFORM, false},
+    {"e.2048", "bench_dsv3_sweep", 2048, ROUTE_UNIFORM, false},
+    {"e.4096", "bench_dsv3_sweep", 4096, ROUTE_UNIFORM, false},
+    {"e.8192", "bench_dsv3_sweep", 8192, ROUTE_UNIFORM, false},
+    {"f.8", "bench_dsv3_prefill_sms8", 4096, ROUTE_UNIFORM, false},
+    {"f.16", "bench_dsv3_prefill_sms16", 4096, ROUTE_UNIFORM, false},
+    {"f.24", "bench_dsv3_prefill", 4096, ROUTE_UNIFORM, false},
+    {"f.32", "bench_dsv3_prefill_sms32", 4096, ROUTE_UNIFORM, false},
+    {"f.48", "bench_dsv3_prefill_sms48", 4096, ROUTE_UNIFORM, false},
+    {"f.64", "bench_dsv3_prefill_sms64", 4096, ROUTE_UNIFORM, false},
+    {"g.prefill", "bench_dsv3_prefill_expert", 4096, ROUTE_UNIFORM, false},
+    {"g.decode", "bench_dsv3_decode_expert", 128, ROUTE_UNIFORM, false},
+    {"g.k.prefill", "bench_dsv3_prefill_expert_k", 4096, ROUTE_UNIFORM, false},
+    {"g.k.decode", "bench_dsv3_decode_expert_k", 128, ROUTE_UNIFORM, false},
+    {"h.prefill", "bench_dsv3_prefill", 4096, ROUTE_LOCAL, false},
+    {"h.decode", "bench_dsv3_decode", 128, ROUTE_LOCAL, false},
+    {"h.expert", "bench_dsv3_prefill_expert", 4096, ROUTE_LOCAL, false},
+    {"p.a", "bench_dsv3_prefill_pull", 4096, ROUTE_UNIFORM, false},
+    {"p.b", "bench_dsv3_decode_pull", 128, ROUTE_UNIFORM, false},
+    {"p.f.8", "bench_dsv3_prefill_sms8_pull", 4096, ROUTE_UNIFORM, false},
+    {"p.f.16", "bench_dsv3_prefill_sms16_pull", 4096, ROUTE_UNIFORM, false},
+    {"p.g.prefill", "bench_dsv3_prefill_expert_pull", 4096, ROUTE_UNIFORM, false},
+    {"p.g.decode", "bench_dsv3_decode_expert_pull", 128, ROUTE_UNIFORM, false},
+    {"i.a", "bench_dsv3_prefill_fp8", 4096, ROUTE_UNIFORM, false},
+    {"i.b", "bench_dsv3_decode_fp8", 128, ROUTE_UNIFORM, false},
+    {"i.g.prefill", "bench_dsv3_prefill_expert_fp8", 4096, ROUTE_UNIFORM, false},
+    {"i.g.decode", "bench_dsv3_decode_expert_fp8", 128, ROUTE_UNIFORM, false},
+    {"u.a", "bench_dsv3_prefill_auto", 4096, ROUTE_UNIFORM, false},
+    {"u.a.push", "bench_dsv3_prefill_auto", 4096, ROUTE_UNIFORM, true},
+    {"u.b", "bench_dsv3_decode_auto", 128, ROUTE_UNIFORM, false},
+    {"u.b.push", "bench_dsv3_decode_auto", 128, ROUTE_UNIFORM, true},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -138,13 +145,14 @@ static void usage(FILE *f)
             "  --manifest PATH  manifest.json of the generated bench variants (required)\n"
             "  --csv PATH       write the rows as CSV (rank 0; rows appear as variants finish)\n"
             "  --markdown PATH  write the final tables in Markdown (rank 0), for bench/RESULTS.md\n"
-            "  --groups LIST    only these row groups, letters a..i and p separated by commas (default\n"
-            "                   all): a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM\n"
+            "  --groups LIST    only these row groups, letters a..i, p and u separated by commas\n"
+            "                   (default all): a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM\n"
             "                   budgets, g layout expert (g.k: combine_order = \"k\"), h fixed costs (a,\n"
             "                   b and g.prefill with every token routed to its own rank: no row\n"
             "                   crosses), i a, b and g with fp8_e4m3 dispatch (bf16 combine), p a, b,\n"
             "                   f.8, f.16 and g with a combine that pulls the peers' rows (combine =\n"
-            "                   \"pull\")\n"
+            "                   \"pull\"), u a and b with combine = \"auto\": y in the variant's region\n"
+            "                   y (it pulls) and, rows u.*.push, outside it (it pushes)\n"
             "  --reps N         timed repetitions per measurement (default %d, at least %d for\n"
             "                   numbers worth reporting)\n"
             "  --warmup N       untimed repetitions before them (default 5)\n"
@@ -678,8 +686,9 @@ static symm_status bufs_alloc(bench *b, const symm_variant_desc *d, dev_bufs *db
         st = symm_cuda_check(cu->cuMemAlloc(&db->topk, T * K * 4), "cuMemAlloc(topk_idx)");
     if (st == SYMM_OK && d->weights)
         st = symm_cuda_check(cu->cuMemAlloc(&db->weights, T * K * 4), "cuMemAlloc(topk_weights)");
-    /* A pulling variant's y is its region y (with_variant_y). */
-    if (st == SYMM_OK && !d->combine_pull)
+    /* A pulling variant's y is its region y (with_variant_y); "auto" has
+     * both, for rows of either form. */
+    if (st == SYMM_OK && d->combine != SYMM_COMBINE_PULL)
         st = symm_cuda_check(cu->cuMemAlloc(&db->y, (size_t)d->capacity * crow_bytes(d)), "cuMemAlloc(y)");
     if (st == SYMM_OK && db->y) /* rows the guard does not fill still hold finite values */
         st = symm_cuda_check(cu->cuMemsetD8(db->y, 0x3c, (size_t)d->capacity * crow_bytes(d)), "cuMemsetD8(y)");
@@ -1261,13 +1270,14 @@ static bool guard_agreed(bench *b, symm_variant *v, const guard *g, const dev_bu
     return agree(b, ok, why, note);
 }
 
-/* The buffers of a variant's calls: with combine = "pull", y in the
- * variant's symmetric buffer (where the peers read it), else db's. */
+/* The buffers of a variant's calls: with combine = "pull" or "auto", y in
+ * the variant's symmetric buffer (where the peers read it; "auto" then
+ * pulls), else db's. */
 static dev_bufs with_variant_y(bench *b, symm_variant *v, const dev_bufs *db)
 {
     dev_bufs yb = *db;
     const symm_variant_desc *d = v ? symm_variant_describe(v) : NULL;
-    if (d && d->combine_pull) {
+    if (d && d->combine != SYMM_COMBINE_PUSH) {
         symm_recv_buffers rb;
         CHECK(b, "symm_variant_recv", symm_variant_recv(v, &rb));
         yb.y = rb.y;
@@ -1284,6 +1294,7 @@ static void stage_native(bench *b, const variant_plan *vp, const guard *g, const
     char note[NOTE_LEN] = "";
     double ms;
     symm_variant *v = create_variant(b, d, SYMM_BACKEND_NATIVE, &ms, note);
+    const dev_bufs *own_y = db; /* combine = "auto", rows y_outside: the pushing form */
     dev_bufs yb = with_variant_y(b, v, db);
     db = &yb;
     bool ok = v && guard_agreed(b, v, g, db, note);
@@ -1297,8 +1308,8 @@ static void stage_native(bench *b, const variant_plan *vp, const guard *g, const
             snprintf(r->note, NOTE_LEN, "%s", note);
             continue;
         }
-        time_calls(b, v, true, db, r, &r->dispatch, &r->combine, &r->ours_mode, &r->ours_ok, r->note, &r->pair,
-                   &r->pair_ok);
+        time_calls(b, v, true, r->spec->y_outside ? own_y : db, r, &r->dispatch, &r->combine, &r->ours_mode,
+                   &r->ours_ok, r->note, &r->pair, &r->pair_ok);
         if (r->ours_ok)
             say(b, "    row %-10s T=%-5d dispatch %8.1f us  combine %8.1f us  pair %8.1f us  (p50, %d pairs per "
                 "repetition, %s)\n", r->spec->id, r->spec->tokens, r->dispatch.p50, r->combine.p50,

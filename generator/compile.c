@@ -1,8 +1,9 @@
 /* compile.c: `symmgen --compile`: NVRTC-compiles every generated variant as
  * the runtime's JIT does at create (runtime/jit.c, symm_jit_compile_parts):
- * the same source cut in the same three programs, dispatch, combine and the
- * NCCL backend's kernels (-DSYMM_PART=1, 2, 3; create compiles the first two,
- * or all three for the NCCL backend), with the same options (SG_NVRTC_OPTIONS),
+ * the same source cut in the same programs, dispatch, combine, the NCCL
+ * backend's kernels and, with combine = "auto", the pulling combine
+ * (-DSYMM_PART=1, 2, 3, 4; create compiles 1 and 2, and 4 with "auto", or
+ * 1..3 for the NCCL backend), with the same options (SG_NVRTC_OPTIONS),
  * so a spec that passes here compiles at job start too. Only -split-compile=0
  * is left out: it spreads one program over threads (the same code, about 20%
  * more CPU), and symmgen already spreads the programs over threads. Reports a
@@ -123,18 +124,25 @@ int sg_nvrtc_compile(const char *program_name, const char *source, size_t len, c
 
 const char *sg_part_name(int part)
 {
-    static const char *const names[SG_PARTS + 1] = {"every kernel", "dispatch", "combine", "NCCL and hybrid backends"};
+    static const char *const names[SG_PARTS + 1] = {"every kernel", "dispatch", "combine", "NCCL and hybrid backends",
+                                                    "pulling combine"};
     return part >= 0 && part <= SG_PARTS ? names[part] : "?";
 }
 
+bool sg_part_applies(const sg_variant *v, int part)
+{
+    return part >= 1 && part <= SG_PARTS && (part != 4 || v->combine == SYMM_COMBINE_AUTO);
+}
+
 /* Shared by the compiling threads. The work is one unit per (variant,
- * part): unit u is part u % SG_PARTS + 1 of variant u / SG_PARTS. */
+ * part): unit u is part u % SG_PARTS + 1 of variant u / SG_PARTS (a part
+ * the variant lacks is done at once, compiling nothing). */
 typedef struct pool {
     const sg_generated *const *gens;
     size_t n, units;
     const sg_compile_opts *opts;
     pthread_mutex_t lock;
-    size_t next, done;
+    size_t next, done, variants_done;
     int *parts_done;      /* per variant */
     bool failed;          /* stop handing out work */
     int *rc;              /* per unit */
@@ -150,7 +158,7 @@ static void progress(pool *p)
 {
     if (p->opts->verbosity < 2 || p->done >= p->units)
         return;
-    fprintf(stderr, "\r\033[K[%zu/%zu] compiling %s for %s, %.1f s", p->done / SG_PARTS, p->n, p->current,
+    fprintf(stderr, "\r\033[K[%zu/%zu] compiling %s for %s, %.1f s", p->variants_done, p->n, p->current,
             p->opts->arch, (now_ms() - p->start_ms) / 1e3);
     fflush(stderr);
 }
@@ -165,6 +173,7 @@ static void report(pool *p, size_t v)
     if (o->verbosity >= 2)
         fputs("\r\033[K", stderr);
     const size_t u = v * SG_PARTS;
+    const sg_variant *var = p->gens[v]->variant;
     bool ok = true;
     double total = 0;
     for (int k = 0; k < SG_PARTS; k++) {
@@ -172,9 +181,10 @@ static void report(pool *p, size_t v)
         total += p->ms[u + (size_t)k];
     }
     if (ok) {
-        fprintf(stderr, "compiled %s for %s in %.0f ms (", p->gens[v]->variant->name, o->arch, total);
+        fprintf(stderr, "compiled %s for %s in %.0f ms (", var->name, o->arch, total);
         for (int k = 0; k < SG_PARTS; k++)
-            fprintf(stderr, "%s%s %.0f", k ? ", " : "", sg_part_name(k + 1), p->ms[u + (size_t)k]);
+            if (sg_part_applies(var, k + 1))
+                fprintf(stderr, "%s%s %.0f", k ? ", " : "", sg_part_name(k + 1), p->ms[u + (size_t)k]);
         fputs(" ms)\n", stderr);
         for (int k = 0; k < SG_PARTS; k++)
             if (p->logs[u + (size_t)k])
@@ -205,7 +215,10 @@ static void *worker(void *arg)
         snprintf(program, sizeof program, "%s.cu", g->variant->name);
         double ms = 0;
         char *log = NULL;
-        int rc = sg_nvrtc_compile(program, g->cu.data ? g->cu.data : "", g->cu.len, p->opts->arch, part, &ms, &log);
+        int rc = sg_part_applies(g->variant, part)
+                     ? sg_nvrtc_compile(program, g->cu.data ? g->cu.data : "", g->cu.len, p->opts->arch, part,
+                                        &ms, &log)
+                     : 0;
 
         pthread_mutex_lock(&p->lock);
         p->rc[u] = rc;
@@ -213,8 +226,10 @@ static void *worker(void *arg)
         p->ms[u] = ms;
         p->done++;
         p->failed |= rc != 0;
-        if (++p->parts_done[u / SG_PARTS] == SG_PARTS)
+        if (++p->parts_done[u / SG_PARTS] == SG_PARTS) {
+            p->variants_done++;
             report(p, u / SG_PARTS);
+        }
         pthread_mutex_unlock(&p->lock);
     }
 }
@@ -271,10 +286,12 @@ int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_o
      * error in code the parts share fails each of them the same way). */
     int status = SG_EXIT_OK;
     double total = 0;
+    size_t programs = 0;
     for (size_t v = 0; v < n; v++) {
         bool reported = false;
         for (size_t u = v * SG_PARTS; u < (v + 1) * SG_PARTS; u++) {
             total += p.ms[u];
+            programs += sg_part_applies(gens[v]->variant, (int)(u % SG_PARTS) + 1);
             if (p.rc[u] < 0 && !reported) {
                 sg_diag_add(diag, "%s", p.logs[u] ? p.logs[u] : "NVRTC failed without a log");
                 reported = true;
@@ -287,7 +304,7 @@ int sg_compile_all(const sg_generated *const *gens, size_t n, const sg_compile_o
         fputs("\r\033[K", stderr);
     if (status == SG_EXIT_OK && o->verbosity > 0)
         fprintf(stderr, "compiled %zu variant%s for %s in %.0f ms (NVRTC %.0f ms, %zu programs over %d thread%s)\n",
-                n, n == 1 ? "" : "s", o->arch, now_ms() - p.start_ms, total, units, threads, threads == 1 ? "" : "s");
+                n, n == 1 ? "" : "s", o->arch, now_ms() - p.start_ms, total, programs, threads, threads == 1 ? "" : "s");
     free(p.rc), free(p.logs), free(p.ms), free(p.parts_done);
     return status;
 }

@@ -180,6 +180,7 @@ void sg_header(const sg_variant *v, const char *spec_path, sg_buf *out)
     sg_buf_printf(out, " *   combine_dtype  %s\n", sg_dtype_name(v->combine_dtype));
     sg_buf_printf(out, " *   layout         %s\n", sg_layout_name(v->layout));
     sg_buf_printf(out, " *   weights        %s\n", v->weights ? "true" : "false");
+    sg_buf_printf(out, " *   combine        %s\n", sg_combine_name(v->combine));
     sg_buf_printf(out, " *   capacity       %lld%s\n", (long long)v->capacity,
                   v->capacity == l.worst_capacity ? " (worst case)" : "");
     sg_buf_printf(out, " *   align          %d\n", v->align);

@@ -13,15 +13,17 @@
 #define SG_REGION_ALIGN 256
 /* Bytes of the per-variant state record (see STATE in templates/variant.cu.in). */
 #define SG_STATE_BYTES 256
-/* Signal kinds: dispatch rows arrived; with combine = "pull", also "y is
- * ready" (its offset beside the call) and "done reading a peer's y"; with a
+/* Signal kinds: dispatch rows arrived; with combine = "pull" or "auto", also
+ * "y is ready" (its offset beside the call; with "auto" also the call in
+ * which the peer pushed, so that each rank sees which form a peer took) and
+ * "done reading a peer's y"; with a
  * pushing combine of layout expert by rank (GROUPED), "a peer's warps have
  * stored their partial sums" (kind 1, which only the pulling combine uses
  * otherwise; the tuning knob PARTIAL_GRID, docs/protocol.md). The counts
  * carry their call in each 8-byte word, and a pushing combine otherwise
  * waits per COMBINE_IN slot on combine_flags: neither needs a signal. */
 #define SG_SIGNAL_GROUPED(v) ((v)->layout == SYMM_LAYOUT_EXPERT && (v)->combine_order == SYMM_COMBINE_ORDER_RANK)
-#define SG_SIGNAL_KINDS(v) ((v)->combine_pull ? 3 : SG_SIGNAL_GROUPED(v) ? 2 : 1)
+#define SG_SIGNAL_KINDS(v) ((v)->combine != SYMM_COMBINE_PUSH ? 3 : SG_SIGNAL_GROUPED(v) ? 2 : 1)
 /* Bytes of one count: the count and its call's sequence number. */
 #define SG_COUNT_BYTES 8
 
@@ -89,12 +91,14 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
     place(out, SYMM_REGION_RECV_WEIGHTS, "recv_weights",
           v->weights ? (rank ? cap * K * 4 : cap * 4) : 0, true);
     /* A pulling combine reads the peers' y instead (region y below); the
-     * NCCL backend then lands its rows in a buffer of its own. */
-    place(out, SYMM_REGION_COMBINE_IN, "combine_in", v->combine_pull ? 0 : (rank ? W * T : T * K) * H * celt, true);
+     * NCCL backend then lands its rows in a buffer of its own. combine =
+     * "auto" has both, for its two forms. */
+    const bool pushes = v->combine != SYMM_COMBINE_PULL, pulls = v->combine != SYMM_COMBINE_PUSH;
+    place(out, SYMM_REGION_COMBINE_IN, "combine_in", pushes ? (rank ? W * T : T * K) * H * celt : 0, true);
     /* One 8-byte flag per COMBINE_IN slot: the call whose row has landed in
      * it (combine sums each token as soon as its rows are in); none with
      * a pulling combine. */
-    place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", v->combine_pull ? 0 : (rank ? W * T : T * K) * 8, true);
+    place(out, SYMM_REGION_COMBINE_FLAGS, "combine_flags", pushes ? (rank ? W * T : T * K) * 8 : 0, true);
     /* Layout expert: at a chain's head (a token's first row at a peer, which
      * alone crosses NVLink), the token's other rows there, which the
      * receiver fills from it (templates/variant.cu.in, DEDUP); with
@@ -102,9 +106,10 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
      * sums a token's rows where they are before one row goes back. */
     const uint64_t chain_ints = v->combine_order == SYMM_COMBINE_ORDER_RANK ? K : K - 1;
     place(out, SYMM_REGION_RECV_CHAIN, "recv_chain", rank ? 0 : cap * chain_ints * 4, true);
-    /* combine = "pull": a place for y that the peers can read (the user may
-     * put y anywhere else in the symmetric buffer too, recv_x included). */
-    place(out, SYMM_REGION_Y, "y", v->combine_pull ? cap * H * celt : 0, true);
+    /* combine = "pull" or "auto": a place for y that the peers can read
+     * (the user may put y anywhere else in the symmetric buffer too, recv_x
+     * included). */
+    place(out, SYMM_REGION_Y, "y", pulls ? cap * H * celt : 0, true);
     /* Layout expert with chains (top-k above 1, a peer to chain at): what
      * lets the receiver copy each head into its chain as soon as it lands
      * (templates/cu/dispatch.cu.in, CHAIN_STREAM): a 128-byte slot of this

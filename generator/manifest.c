@@ -145,9 +145,13 @@ static void arguments(json *j, const sg_variant *v)
     argument(j, "recv_rows", false, "[1]", "int32", NULL);
     close_(j, ']');
     open_(j, "combine", '[', false);
-    if (v->combine_pull)
+    if (v->combine == SYMM_COMBINE_PULL)
         argument(j, "y", true, ch, cdt, "combine = pull: inside the variant's symmetric buffer (region y, or "
                  "recv_x when dtype == combine_dtype)");
+    else if (v->combine == SYMM_COMBINE_AUTO)
+        argument(j, "y", false, ch, cdt, "combine = auto: inside the variant's symmetric buffer (region y, or "
+                 "recv_x when dtype == combine_dtype) combine pulls, elsewhere it pushes; every rank alike in a "
+                 "call");
     else
         argument(j, "y", false, ch, cdt, "may be recv_x when dtype == combine_dtype");
     argument(j, "out", false, th, cdt, NULL);
@@ -173,7 +177,7 @@ static void variant_members(json *j, const sg_variant *v, const sg_generated *g)
     str(j, "combine_dtype", sg_dtype_name(v->combine_dtype));
     str(j, "layout", sg_layout_name(v->layout));
     boolean(j, "weights", v->weights);
-    str(j, "combine", v->combine_pull ? "pull" : "push");
+    str(j, "combine", sg_combine_name(v->combine));
     str(j, "combine_order", v->combine_order == SYMM_COMBINE_ORDER_K ? "k" : "rank");
     num(j, "capacity", (long long)v->capacity);
     num(j, "worst_capacity", (long long)l.worst_capacity);

@@ -22,6 +22,12 @@
 /* NVRTC options of every variant (besides --gpu-architecture): symmgen
  * --compile and the runtime's JIT use exactly these (vars.c writes them into
  * the stub). */
+/* The default of field combine: "auto" for layout rank from this
+ * max_tokens up (prefill-sized: there a pulling combine was the faster form,
+ * 184 against 210 us at 4096 tokens, bench/NOTES.md 46), "push" below it
+ * and for layout expert (push faster at decode and for that layout). */
+#define SG_AUTO_MIN_TOKENS 1024
+
 #define SG_NVRTC_OPTIONS "-std=c++17", "-default-device"
 
 /* One variant, as declared by one layout { ... } call, after defaults are
@@ -44,8 +50,9 @@ typedef struct sg_variant {
     bool capacity_set;      /* capacity given in the spec (or by -D) */
     int align;              /* layout expert: segment alignment in rows (1 for rank) */
     int sms;                /* SM budget of the kernels */
-    bool combine_pull;      /* combine = "pull": each rank's combine reads the peers'
-                             * rows of y, which then live in the symmetric buffer */
+    symm_combine_mode combine; /* "pull": each rank's combine reads the peers' rows of y,
+                             * which then live in the symmetric buffer; "auto" (layout
+                             * rank): both forms, chosen per call by where y lies */
     symm_combine_order combine_order; /* layout expert: partial sums per rank (default) or
                              * the ascending-k sum of every (token, expert) row */
     int hosts[SG_MAX_HOSTS]; /* field hosts: the host counts, ascending, each > 1 dividing world */
@@ -108,6 +115,7 @@ bool sg_is_printable(const char *s);
 /* Names of dtypes and layouts as written in specs ("bf16", "expert"). */
 const char *sg_dtype_name(symm_dtype d);
 const char *sg_layout_name(symm_layout l);
+const char *sg_combine_name(symm_combine_mode c);
 
 /* layout.c: where everything of a variant lives. Regions of the symmetric
  * buffer (same offsets on every rank) and of the local scratch buffer. The
@@ -237,10 +245,14 @@ typedef struct sg_compile_opts {
 /* "sm_" digits, optionally followed by 'a' or 'f'. */
 bool sg_arch_valid(const char *arch);
 
-/* The programs the runtime cuts a variant's source in (-DSYMM_PART=1..3):
- * dispatch, combine, the NCCL backend's kernels. Part 0 is the whole. */
-#define SG_PARTS 3
+/* The programs the runtime cuts a variant's source in (-DSYMM_PART=1..4):
+ * dispatch, combine, the NCCL and hybrid backends' kernels and, with
+ * combine = "auto" only, the pulling combine (part 2 then being the pushing
+ * one). Part 0 is the whole (with "auto": its pushing combine). */
+#define SG_PARTS 4
 const char *sg_part_name(int part);
+/* Whether variant v has part (1..SG_PARTS): all but 4, and 4 with "auto". */
+bool sg_part_applies(const sg_variant *v, int part);
 
 /* NVRTC-compile one source (source[len] == '\0'; a NUL inside is refused)
  * with --gpu-architecture=arch, SG_NVRTC_OPTIONS and, for part 1..SG_PARTS,

@@ -110,7 +110,8 @@ static const struct int_rule {
 /* Indexed by symm_dtype and symm_layout; combine dtypes are the first three. */
 static const char *const dtype_names[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
 static const char *const layout_names[] = { "rank", "expert" };
-static const char *const combine_names[] = { "push", "pull" };
+/* Indexed by symm_combine_mode. */
+static const char *const combine_names[] = { "push", "pull", "auto" };
 /* Indexed by symm_combine_order. */
 static const char *const combine_order_names[] = { "rank", "k" };
 
@@ -2355,10 +2356,14 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
     if (!ok[F_WEIGHTS])
         got_expected(c, F_WEIGHTS, "true or false");
 
-    int pull = 0;
+    /* combine: by default "auto" for layout rank's prefill-sized variants
+     * (the pulling form is the faster there wherever y permits), else
+     * "push" (SG_AUTO_MIN_TOKENS). max_tokens is checked before. */
+    int mode = v->layout == SYMM_LAYOUT_RANK && v->max_tokens >= SG_AUTO_MIN_TOKENS ? SYMM_COMBINE_AUTO
+                                                                                  : SYMM_COMBINE_PUSH;
     ok[F_COMBINE] = value_of(c, F_COMBINE)->kind == RAW_ABSENT ||
-                    take_choice(c, F_COMBINE, combine_names, 2, &pull);
-    v->combine_pull = pull == 1;
+                    take_choice(c, F_COMBINE, combine_names, 3, &mode);
+    v->combine = (symm_combine_mode)mode;
 
     int order = SYMM_COMBINE_ORDER_RANK;
     ok[F_COMBINE_ORDER] = value_of(c, F_COMBINE_ORDER)->kind == RAW_ABSENT ||
@@ -2443,6 +2448,10 @@ static void check_combinations(check *c, sg_variant *v, const bool *ok)
         got_expected(c, F_EXPERTS, "a multiple of world (%d)", v->world);
         shape = false;
     }
+    if (ok[F_COMBINE] && ok[F_LAYOUT] && v->layout == SYMM_LAYOUT_EXPERT && v->combine == SYMM_COMBINE_AUTO)
+        got_expected(c, F_COMBINE, "\"push\" or \"pull\" with layout \"expert\" (\"auto\", both forms chosen "
+                     "per call by where y lies, is for layout \"rank\": layout expert's pushing combine is "
+                     "the faster at every size measured, docs/spec.md)");
     bool aligned = ok[F_ALIGN] && ok[F_LAYOUT];
     if (aligned && v->layout == SYMM_LAYOUT_RANK && v->align != 1) {
         got_expected(c, F_ALIGN, "1 (align applies only to layout \"expert\")");
@@ -2850,4 +2859,9 @@ const char *sg_dtype_name(symm_dtype d)
 const char *sg_layout_name(symm_layout l)
 {
     return (unsigned)l < sizeof layout_names / sizeof layout_names[0] ? layout_names[l] : "unknown";
+}
+
+const char *sg_combine_name(symm_combine_mode c)
+{
+    return (unsigned)c < sizeof combine_names / sizeof combine_names[0] ? combine_names[c] : "unknown";
 }

@@ -229,7 +229,7 @@ static void set_recv_vars(sg_vars *vars, const sg_variant *v)
         f[n++] = (recv_field){"const int32_t *", "expert_offset",
                               vformat_n("[%d]: first row of each local expert's segment", local)};
     f[n++] = (recv_field){"const int32_t *", "rows", vformat_n("one int32: the rows received")};
-    if (v->combine_pull)
+    if (v->combine != SYMM_COMBINE_PUSH)
         f[n++] = (recv_field){y_type, "y",
                               vformat_n("[%lld, %d] %s: a place for combine's y",
                                         (long long)v->capacity, v->hidden, sg_dtype_name(v->combine_dtype))};
@@ -306,16 +306,27 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
     sg_vars_set(out, "LAYOUT_EXPERT", "%s", v->layout == SYMM_LAYOUT_EXPERT ? "true" : "false");
     sg_vars_set(out, "WEIGHTS", "%s", v->weights ? "true" : "false");
     sg_vars_set(out, "WEIGHTS_INT", "%d", v->weights ? 1 : 0);
-    sg_vars_set(out, "COMBINE_PULL", "%s", v->combine_pull ? "true" : "false");
-    sg_vars_set(out, "COMBINE_PULL_INT", "%d", v->combine_pull ? 1 : 0);
+    /* combine = "auto": each program is one form, part 4 the pulling one. */
+    const bool automatic = v->combine == SYMM_COMBINE_AUTO;
+    sg_vars_set(out, "COMBINE_AUTO", "%s", automatic ? "true" : "false");
+    sg_vars_set(out, "COMBINE_PULL", "%s", automatic ? "SYMM_PART == 4" : v->combine == SYMM_COMBINE_PULL ? "true" : "false");
+    sg_vars_set(out, "COMBINE_ENUM", "%s",
+                automatic ? "SYMM_COMBINE_AUTO" : v->combine == SYMM_COMBINE_PULL ? "SYMM_COMBINE_PULL" : "SYMM_COMBINE_PUSH");
+    sg_vars_set(out, "COMBINE", "%s", sg_combine_name(v->combine));
     sg_vars_set(out, "COMBINE_ORDER_K", "%s", v->combine_order == SYMM_COMBINE_ORDER_K ? "true" : "false");
     sg_vars_set(out, "COMBINE_ORDER_ENUM", "%s",
                 v->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK");
     sg_vars_set(out, "Y_WHERE", "%s",
-                v->combine_pull ? "inside this variant's symmetric buffer\n"
-                                  " * (combine = \"pull\": the peers read it there): the y of _recv, or its x\n"
-                                  " * itself when the dtypes agree"
-                                : "any device memory (the x of _recv itself when the dtypes agree)");
+                v->combine == SYMM_COMBINE_PULL
+                    ? "inside this variant's symmetric buffer\n"
+                      " * (combine = \"pull\": the peers read it there): the y of _recv, or its x\n"
+                      " * itself when the dtypes agree"
+                : automatic
+                    ? "any device memory (combine = \"auto\": inside this variant's\n"
+                      " * symmetric buffer, the y of _recv or its x itself when the dtypes agree,\n"
+                      " * the peers read it there and combine pulls; anywhere else it pushes; every\n"
+                      " * rank must place y alike in a call, else _stats reports SYMM_ERR_MISMATCH)"
+                    : "any device memory (the x of _recv itself when the dtypes agree)");
     set_recv_vars(out, v);
     set_dispatch_vars(out, v);
     sg_vars_set(out, "SYMMETRIC_BYTES", "%llu", (unsigned long long)l.symmetric_bytes);

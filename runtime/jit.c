@@ -552,7 +552,7 @@ symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res)
     return SYMM_OK;
 }
 
-/* One part of symm_jit_compile_parts, run on a thread of its own. */
+/* One part of symm_jit_compile_part_list, run on a thread of its own. */
 typedef struct jit_part {
     symm_jit_request req;
     const char **options;
@@ -578,8 +578,30 @@ symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_
     if (parts < 1 || parts > SYMM_JIT_MAX_PARTS)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_jit_compile_parts: parts %d: expected 1..%d", parts,
                          SYMM_JIT_MAX_PARTS);
+    const int list[SYMM_JIT_MAX_PARTS] = {1, 2, 3, 4};
+    _Static_assert(SYMM_JIT_MAX_PARTS == 4, "the parts 1..SYMM_JIT_MAX_PARTS");
+    return symm_jit_compile_part_list(req, list, parts, res);
+}
+
+symm_status symm_jit_compile_part_list(const symm_jit_request *req, const int *list, int parts,
+                                       symm_jit_result *res)
+{
+    if (!res || !list)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_jit_compile_part_list: %s is NULL", res ? "list" : "res");
+    if (parts < 1 || parts > SYMM_JIT_MAX_PARTS)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_jit_compile_part_list: parts %d: expected 1..%d", parts,
+                         SYMM_JIT_MAX_PARTS);
     for (int i = 0; i < parts; i++)
         memset(&res[i], 0, sizeof res[i]);
+    for (int i = 0; i < parts; i++) {
+        bool again = false;
+        for (int k = 0; k < i; k++)
+            again |= list[k] == list[i];
+        if (list[i] < 1 || list[i] > SYMM_JIT_MAX_PARTS || again)
+            return symm_fail(SYMM_ERR_INVALID_ARG,
+                             "symm_jit_compile_part_list: list[%d] = %d: expected distinct parts 1..%d", i,
+                             list[i], SYMM_JIT_MAX_PARTS);
+    }
     SYMM_TRY(check_request(req));
     jit_part part[SYMM_JIT_MAX_PARTS];
     pthread_t thread[SYMM_JIT_MAX_PARTS];
@@ -592,12 +614,12 @@ symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_
         p->res = &res[i];
         p->options = malloc((req->option_count + 1) * sizeof *p->options);
         if (!p->options) {
-            st = symm_fail(SYMM_ERR_NOMEM, "symm_jit_compile_parts: out of memory");
+            st = symm_fail(SYMM_ERR_NOMEM, "symm_jit_compile_part_list: out of memory");
             break;
         }
         for (size_t k = 0; k < req->option_count; k++)
             p->options[k] = req->options[k];
-        snprintf(p->define, sizeof p->define, "-DSYMM_PART=%d", i + 1);
+        snprintf(p->define, sizeof p->define, "-DSYMM_PART=%d", list[i]);
         p->options[req->option_count] = p->define;
         p->req.options = p->options;
         p->req.option_count = req->option_count + 1;

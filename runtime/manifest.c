@@ -61,10 +61,10 @@ static const struct {
                      "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
                      "recv_chain, y, chain_ready"
 
-/* Indexed by symm_dtype and symm_layout; combine_names by desc.combine_pull. */
+/* Indexed by symm_dtype, symm_layout and symm_combine_mode. */
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};
 static const char *const layout_names[] = {"rank", "expert"};
-static const char *const combine_names[] = {"push", "pull"};
+static const char *const combine_names[] = {"push", "pull", "auto"};
 /* Indexed by symm_combine_order. */
 static const char *const combine_order_names[] = {"rank", "k"};
 
@@ -243,7 +243,7 @@ static bool is_identifier(const char *s)
 typedef struct params {
     int64_t hidden, topk, experts, world, max_tokens, capacity, worst_capacity, align, sms;
     int64_t symmetric_bytes, scratch_bytes;
-    int dtype, combine_dtype, layout, weights, combine_pull, combine_order;
+    int dtype, combine_dtype, layout, weights, combine, combine_order;
 } params;
 
 static symm_status read_params(const reader *r, const symm_json *obj, params *p)
@@ -260,9 +260,9 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
     SYMM_TRY(get_choice(r, obj, "layout", layout_names, 2, "", &p->layout));
     SYMM_TRY(get_bool(r, obj, "weights", &p->weights));
     /* "combine" came with combine = "pull"; a manifest without it pushes. */
-    p->combine_pull = 0;
+    p->combine = SYMM_COMBINE_PUSH;
     if (symm_json_member(obj, "combine", NULL))
-        SYMM_TRY(get_choice(r, obj, "combine", combine_names, 2, "", &p->combine_pull));
+        SYMM_TRY(get_choice(r, obj, "combine", combine_names, 3, "", &p->combine));
     /* "combine_order" is "rank" unless given; the source's constant is
      * checked against it at open, so a manifest of an older order is refused. */
     p->combine_order = SYMM_COMBINE_ORDER_RANK;
@@ -301,6 +301,9 @@ static symm_status check_combinations(const reader *r, const symm_json *obj, con
     if (p->layout == SYMM_LAYOUT_RANK && p->align != 1)
         return field_error(r, "align", symm_json_member(obj, "align", NULL),
                            "1 (align applies only to layout \"expert\")");
+    if (p->layout == SYMM_LAYOUT_EXPERT && p->combine == SYMM_COMBINE_AUTO)
+        return field_error(r, "combine", symm_json_member(obj, "combine", NULL),
+                           "push or pull with layout expert (auto is for layout rank only)");
     /* Bounded by the ranges above: at most 2^52 rows, no overflow. */
     int64_t worst = p->world * p->max_tokens;
     if (p->layout == SYMM_LAYOUT_EXPERT)
@@ -519,7 +522,7 @@ static symm_status read_variant(reader *r, const symm_json *obj, size_t index, e
         .combine_dtype = (symm_dtype)p.combine_dtype,
         .layout = (symm_layout)p.layout,
         .weights = p.weights,
-        .combine_pull = p.combine_pull,
+        .combine = (symm_combine_mode)p.combine,
         .combine_order = (symm_combine_order)p.combine_order,
         .align = (int)p.align,
         .sms = (int)p.sms,
@@ -639,7 +642,7 @@ static symm_status link_companions(symm_manifest *m, entry *e, const symm_json *
         else if (d->world * H != p->world || d->experts * H != p->experts ||
                  d->max_tokens != (int64_t)H * p->max_tokens || d->hidden != p->hidden || d->topk != p->topk ||
                  d->dtype != p->dtype || d->combine_dtype != p->combine_dtype || d->layout != p->layout ||
-                 d->weights != p->weights || d->align != p->align || d->combine_pull != p->combine_pull ||
+                 d->weights != p->weights || d->align != p->align || d->combine != p->combine ||
                  d->combine_order != p->combine_order || d->capacity != p->capacity)
             why = "its parameters are not this variant's on one host (world / hosts, experts / hosts, "
                   "hosts * max_tokens, the rest equal)";
@@ -851,7 +854,14 @@ symm_status symm_desc_check_source(const symm_variant_desc *d)
     SYMM_TRY(check_constant(d, "constexpr bool LAYOUT_EXPERT = ", "layout",
                             d->layout == SYMM_LAYOUT_EXPERT ? "true" : "false", ";"));
     SYMM_TRY(check_constant(d, "constexpr bool WEIGHTS = ", "weights", d->weights ? "true" : "false", ";"));
-    SYMM_TRY(check_constant(d, "constexpr bool COMBINE_PULL = ", "combine", d->combine_pull ? "true" : "false", ";"));
+    /* combine = "auto": the source's form is the program's (part 4 pulls). */
+    SYMM_TRY(check_constant(d, "constexpr bool COMBINE_AUTO = ", "combine",
+                            d->combine == SYMM_COMBINE_AUTO ? "true" : "false", ";"));
+    SYMM_TRY(check_constant(d, "constexpr bool COMBINE_PULL = ", "combine",
+                            d->combine == SYMM_COMBINE_AUTO   ? "SYMM_PART == 4"
+                            : d->combine == SYMM_COMBINE_PULL ? "true"
+                                                              : "false",
+                            ";"));
     SYMM_TRY(check_constant(d, "constexpr bool COMBINE_ORDER_K = ", "combine_order",
                             d->combine_order == SYMM_COMBINE_ORDER_K ? "true" : "false", ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->dtype);

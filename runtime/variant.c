@@ -66,6 +66,12 @@ static symm_status check_desc(const symm_variant_desc *d, int world_size)
         if (!d->nvrtc_options[i])
             return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_create: variant %s: desc->nvrtc_options[%d] is NULL",
                              d->name, i);
+    if ((int)d->combine < SYMM_COMBINE_PUSH || (int)d->combine > SYMM_COMBINE_AUTO ||
+        (d->combine == SYMM_COMBINE_AUTO && d->layout != SYMM_LAYOUT_RANK))
+        return symm_fail(SYMM_ERR_INVALID_ARG,
+                         "symm_variant_create: variant %s: desc->combine is %d with layout %s: expected "
+                         "SYMM_COMBINE_PUSH, SYMM_COMBINE_PULL or (layout rank only) SYMM_COMBINE_AUTO",
+                         d->name, (int)d->combine, d->layout == SYMM_LAYOUT_RANK ? "rank" : "expert");
     /* Each region inside its buffer (the manifest reader checks the same;
      * a stub's descriptor comes here directly). */
     for (int i = 0; i < SYMM_REGION_COUNT; i++) {
@@ -184,14 +190,18 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         .option_count = (size_t)(n_desc + tune.count),
         .cache_dir = opts ? opts->cache_dir : NULL,
     };
-    /* Programs compiled at once (symm_jit_compile_parts): part 1 holds
+    /* Programs compiled at once (symm_jit_compile_part_list): part 1 holds
      * dispatch, part 2 combine, part 3 (the NCCL and hybrid backends only)
-     * those backends' kernels, so a cold compile of a native variant takes
-     * as long as the longer of dispatch and combine. The hybrid compiles
-     * part 3 alone (its companion runs the native kernels), with the
-     * options symm_jit_compile_parts gives part 3: the same cache entry. */
+     * those backends' kernels, part 4 (combine = "auto", native backend
+     * only) the pulling combine, part 2 then being the pushing one; so a
+     * cold compile of a native variant takes as long as its longest part.
+     * The hybrid compiles part 3 alone (its companion runs the native
+     * kernels), with the options symm_jit_compile_parts gives part 3: the
+     * same cache entry. */
     const bool hybrid = v->backend == SYMM_BACKEND_HYBRID;
-    const int parts = v->backend == SYMM_BACKEND_NATIVE ? 2 : hybrid ? 1 : 3;
+    const bool two_forms = v->backend == SYMM_BACKEND_NATIVE && v->desc->combine == SYMM_COMBINE_AUTO;
+    const int list[3] = {1, 2, two_forms ? 4 : 3};
+    const int parts = v->backend == SYMM_BACKEND_NATIVE ? (two_forms ? 3 : 2) : hybrid ? 1 : 3;
     symm_jit_result res[3];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -201,7 +211,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         req.option_count++;
         st = symm_jit_compile(&req, &res[0]);
     } else {
-        st = symm_jit_compile_parts(&req, parts, res);
+        st = symm_jit_compile_part_list(&req, list, parts, res);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st == SYMM_OK) {
@@ -209,7 +219,8 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         v->jit_cache_hit = true;
         for (int i = 0; i < parts; i++)
             v->jit_cache_hit &= res[i].cache_hit;
-        CUmodule *modules[3] = {hybrid ? &v->module_nccl : &v->module_dispatch, &v->module, &v->module_nccl};
+        CUmodule *modules[3] = {hybrid ? &v->module_nccl : &v->module_dispatch, &v->module,
+                                two_forms ? &v->module_pull : &v->module_nccl};
         for (int i = 0; i < parts && st == SYMM_OK; i++)
             st = symm_jit_load(res[i].cubin, res[i].cubin_size, modules[i]);
     }
@@ -221,6 +232,8 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
         SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
     }
+    if (two_forms)
+        SYMM_TRY(symm_jit_get_function(v->module_pull, "symm_combine_pull", &v->fn_combine_pull));
     if (v->backend != SYMM_BACKEND_NATIVE) {
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scatter", &v->fn_nccl_scatter));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_count", &v->fn_nccl_count));
@@ -239,12 +252,15 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     /* The kernels stage rows in dynamic shared memory (bulk copies). */
     SYMM_TRY(dynamic_smem(v, v->module_dispatch, v->fn_dispatch, "symm_dispatch_smem", &v->dispatch_smem));
     SYMM_TRY(dynamic_smem(v, v->module, v->fn_combine, "symm_combine_smem", &v->combine_smem));
+    if (two_forms)
+        SYMM_TRY(dynamic_smem(v, v->module_pull, v->fn_combine_pull, "symm_combine_pull_smem",
+                              &v->combine_pull_smem));
 
     const int sms = symm_device_sm_count(v->dev);
-    CUfunction waiting[2] = {v->fn_dispatch, v->fn_combine};
-    const size_t smem[2] = {v->dispatch_smem, v->combine_smem};
+    CUfunction waiting[3] = {v->fn_dispatch, v->fn_combine, v->fn_combine_pull};
+    const size_t smem[3] = {v->dispatch_smem, v->combine_smem, v->combine_pull_smem};
     int fewest = 0; /* blocks an SM holds of the kernel that fits fewer */
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (two_forms ? 3 : 2); i++) {
         int per_sm = 0;
         SYMM_CU(cu, cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, waiting[i], COPY_THREADS, smem[i]));
         if ((int64_t)per_sm * sms < v->desc->sms)
@@ -275,7 +291,8 @@ static void release(symm_variant *v)
     /* Only where there is something to free: a create refused before any
      * GPU work keeps its message (symm_cuda would set its own without a
      * driver). */
-    if ((v->scratch || v->module || v->module_dispatch || v->module_nccl) && symm_cuda(&cu) == SYMM_OK) {
+    if ((v->scratch || v->module || v->module_dispatch || v->module_nccl || v->module_pull) &&
+        symm_cuda(&cu) == SYMM_OK) {
         if (v->scratch)
             cu->cuMemFree(v->scratch);
         if (v->module)
@@ -284,6 +301,8 @@ static void release(symm_variant *v)
             symm_jit_unload(v->module_dispatch);
         if (v->module_nccl)
             symm_jit_unload(v->module_nccl);
+        if (v->module_pull)
+            symm_jit_unload(v->module_pull);
     }
     if (v->nccl)
         symm_variant_nccl_release(v);
@@ -456,6 +475,17 @@ static symm_status check_dispatch(const symm_variant *v, const symm_dispatch_arg
     return SYMM_OK;
 }
 
+bool symm_variant_y_inside(const symm_variant_desc *d, CUdeviceptr base, CUdeviceptr y)
+{
+    const uint64_t need = (uint64_t)d->capacity * (uint64_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    return y >= base && need <= d->symmetric_bytes && y - base <= d->symmetric_bytes - need;
+}
+
+bool symm_variant_native_pulls(const symm_variant_desc *d, CUdeviceptr base, CUdeviceptr y)
+{
+    return d->combine == SYMM_COMBINE_PULL || (d->combine == SYMM_COMBINE_AUTO && symm_variant_y_inside(d, base, y));
+}
+
 CUdeviceptr symm_variant_region_ptr(const symm_variant *v, symm_region id)
 {
     const symm_region_desc *r = &v->desc->regions[id];
@@ -550,14 +580,14 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
     if (misaligned(y, 16) || misaligned(out, 16))
         return symm_fail(SYMM_ERR_INVALID_ARG, "%s combine: %s %p: expected 16-byte alignment", name,
                          misaligned(y, 16) ? "y" : "out", misaligned(y, 16) ? y : out);
-    if (v->desc->combine_pull && v->backend != SYMM_BACKEND_HYBRID) {
+    if (v->desc->combine == SYMM_COMBINE_PULL && v->backend != SYMM_BACKEND_HYBRID) {
         /* (The hybrid's companion checks its own buffer.) The peers read y where it is: inside this variant's symmetric
          * buffer, all of its capacity rows (either backend: the manifest
          * declares y symmetric). */
         const symm_variant_desc *d = v->desc;
-        const CUdeviceptr base = symm_alloc_local(v->alloc), at = (CUdeviceptr)y;
+        const CUdeviceptr base = symm_alloc_local(v->alloc);
         const uint64_t need = (uint64_t)d->capacity * (uint64_t)d->hidden * symm_dtype_size(d->combine_dtype);
-        if (at < base || need > d->symmetric_bytes || at - base > d->symmetric_bytes - need)
+        if (!symm_variant_y_inside(d, base, (CUdeviceptr)y))
             return symm_fail(SYMM_ERR_INVALID_ARG,
                              "%s combine: y %p (%llu bytes: capacity %lld rows) is not inside the variant's "
                              "symmetric buffer [0x%llx, 0x%llx): with combine = \"pull\" the peers read y "
@@ -589,8 +619,14 @@ symm_status symm_variant_combine(symm_variant *v, const void *y, void *out, CUst
         base_args(v, &k);
         k.y = (CUdeviceptr)y;
         k.out = (CUdeviceptr)out;
-        st = launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, v->combine_smem, &k, stream, v->pdl,
-                    "combine: launch of symm_combine");
+        /* combine = "auto": the pulling kernel where y lies in the symmetric
+         * buffer (every rank must choose alike: the kernels check it). */
+        const bool auto_pull =
+            v->desc->combine == SYMM_COMBINE_AUTO && symm_variant_native_pulls(v->desc, k.local, k.y);
+        st = auto_pull ? launch(v, v->fn_combine_pull, (unsigned)v->desc->sms, COPY_THREADS, v->combine_pull_smem,
+                                &k, stream, v->pdl, "combine: launch of symm_combine_pull")
+                       : launch(v, v->fn_combine, (unsigned)v->desc->sms, COPY_THREADS, v->combine_smem, &k, stream,
+                                v->pdl, "combine: launch of symm_combine");
     }
     if (st == SYMM_OK)
         v->awaiting_combine = false;
@@ -694,6 +730,7 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
                 memset(stats, 0, sizeof *stats);
                 stats->timed_out = failed == SYMM_ERR_TIMEOUT;
                 stats->timeout_peer = -1; /* NCCL cannot tell which */
+                stats->mismatch_peer = -1;
             }
             return failed;
         }
@@ -722,11 +759,26 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
             .dropped_send = s.dropped_send,
             .dropped_recv = s.dropped_recv,
             .clamped = s.clamped,
-            .timed_out = s.err_code != 0,
+            .timed_out = s.err_code == SYMM_DEVICE_ERR_TIMEOUT,
             .timeout_peer = s.err_peer,
             .timeout_phase = s.err_phase,
+            .mismatch = s.err_code == SYMM_DEVICE_ERR_PULLED_PUSH   ? 1
+                        : s.err_code == SYMM_DEVICE_ERR_PUSHED_PULL ? 2
+                                                                    : 0,
+            .mismatch_peer = -1,
         };
+        if (local.mismatch)
+            local.mismatch_peer = s.err_peer;
         err_seq = s.err_seq;
+        /* An error code this libsymm does not know (a kernel of another
+         * version): reported as such, never as a clean call. */
+        if (s.err_code != 0 && !local.timed_out && !local.mismatch) {
+            if (stats)
+                *stats = local;
+            return symm_fail(SYMM_ERR_STATE, "%s: rank %d: device error code %d in call %llu: expected 0..3 "
+                             "(regenerate the variant with this libsymm's symmgen)", v->desc->name, v->rank,
+                             s.err_code, (unsigned long long)err_seq);
+        }
     }
     if (stats)
         *stats = local;
@@ -737,6 +789,17 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
                          "(is that rank alive and issuing the same calls?)",
                          name, v->rank, (double)v->timeout_ns / 1e9, local.timeout_peer,
                          phase_names[local.timeout_phase >= 1 && local.timeout_phase <= 3 ? local.timeout_phase : 0],
+                         (unsigned long long)err_seq);
+    if (local.mismatch)
+        return symm_fail(SYMM_ERR_MISMATCH,
+                         "%s: rank %d %s and rank %d %s in the combine of call %llu: with combine = \"auto\" "
+                         "every rank must place y alike in a call (all inside the variant's symmetric buffer, "
+                         "symm_recv_buffers.y or recv_x: pull; or all outside: push); the variant must be "
+                         "destroyed and created again",
+                         name, v->rank,
+                         local.mismatch == 1 ? "pulled (its y inside the symmetric buffer)"
+                                             : "pushed (its y outside the symmetric buffer)",
+                         local.mismatch_peer, local.mismatch == 1 ? "pushed" : "pulled",
                          (unsigned long long)err_seq);
     if (local.dropped_send || local.dropped_recv || local.invalid || local.clamped)
         return symm_fail(SYMM_ERR_OVERFLOW,

@@ -510,6 +510,7 @@ symm_status symm_variant_hybrid_stats(symm_variant *v, CUstream stream, symm_var
     if (failed != SYMM_OK) {
         out->timed_out = failed == SYMM_ERR_TIMEOUT;
         out->timeout_peer = -1;
+        out->mismatch_peer = -1;
         return failed;
     }
     /* The companion's statistics (this synchronizes stream): its rows,
@@ -517,8 +518,10 @@ symm_status symm_variant_hybrid_stats(symm_variant *v, CUstream stream, symm_var
      * numbers. */
     symm_variant_stats cs;
     symm_status st = symm_variant_stats_read(h->companion, stream, &cs);
-    if (st != SYMM_OK && st != SYMM_ERR_OVERFLOW && !cs.timed_out)
+    if (st != SYMM_OK && st != SYMM_ERR_OVERFLOW && !cs.timed_out && !cs.mismatch) {
+        out->mismatch_peer = -1;
         return st;
+    }
     *out = (symm_variant_stats){
         .calls = h->calls,
         .tokens = h->tokens,
@@ -530,6 +533,9 @@ symm_status symm_variant_hybrid_stats(symm_variant *v, CUstream stream, symm_var
         .timed_out = cs.timed_out,
         .timeout_peer = cs.timed_out && cs.timeout_peer >= 0 ? h->host * h->local + cs.timeout_peer : -1,
         .timeout_phase = cs.timeout_phase,
+        /* combine = "auto": the companion's ranks of this host disagreed. */
+        .mismatch = cs.mismatch,
+        .mismatch_peer = cs.mismatch && cs.mismatch_peer >= 0 ? h->host * h->local + cs.mismatch_peer : -1,
     };
     return SYMM_OK;
 }

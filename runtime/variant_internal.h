@@ -20,8 +20,16 @@ typedef struct device_state {
     int32_t err_code, err_peer, err_phase, combine_next;
     uint64_t err_seq;
     int32_t own_first, own_end;
+    uint64_t pulls;
 } device_state;
-_Static_assert(sizeof(device_state) == 64, "device_state mirrors State in variant.cu.in");
+_Static_assert(sizeof(device_state) == 72, "device_state mirrors State in variant.cu.in");
+
+/* State.err_code: the sticky device error. */
+enum {
+    SYMM_DEVICE_ERR_TIMEOUT = 1,     /* a wait for err_peer gave up */
+    SYMM_DEVICE_ERR_PULLED_PUSH = 2, /* combine = "auto": this rank pulled, err_peer pushed */
+    SYMM_DEVICE_ERR_PUSHED_PULL = 3, /* combine = "auto": this rank pushed, err_peer pulled */
+};
 
 /* The profile slots (PROFILE=1): 16 u64 of %globaltimer at this offset of
  * the state record, named and ordered as ProfileSlot in variant.cu.in; slots 0 and 8
@@ -62,11 +70,14 @@ struct symm_variant {
     CUmodule module;           /* part 2: combine */
     CUmodule module_dispatch;  /* part 1: dispatch */
     CUmodule module_nccl;      /* part 3: the NCCL and hybrid backends' kernels (those backends only) */
-    CUfunction fn_dispatch, fn_combine;             /* native backend */
+    CUmodule module_pull;      /* part 4: combine = "auto": the pulling combine (native backend only) */
+    CUfunction fn_dispatch, fn_combine;             /* native backend (combine = "auto": the pushing one) */
+    CUfunction fn_combine_pull;                     /* native backend, combine = "auto": the pulling one */
     CUfunction fn_nccl_scatter, fn_nccl_count, fn_nccl_scan, fn_nccl_pack, fn_nccl_gather, fn_count_experts,
         fn_reduce; /* NCCL backend (the hybrid uses fn_nccl_gather) */
     CUfunction fn_hybrid_src, fn_hybrid_sum; /* hybrid backend */
-    unsigned dispatch_smem, combine_smem; /* dynamic shared memory of the kernels (bulk-copy buffers) */
+    unsigned dispatch_smem, combine_smem, combine_pull_smem; /* dynamic shared memory of the kernels
+                                                                 (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */
     bool profile;              /* created with PROFILE=1 (symm_variant_profile_read) */
     bool pdl;                  /* dispatch and combine launched as programmatic dependents (tune PDL) */
@@ -143,6 +154,18 @@ symm_status symm_variant_hybrid_profile(symm_variant *v, CUstream stream, symm_v
  * GPU's architecture and the oldest one supported (create checks it before
  * anything is allocated or compiled). */
 symm_status symm_variant_check_gpu(const char *name, int cc_major, int cc_minor);
+
+/* variant.c: whether all capacity rows of a y at address y lie inside a
+ * symmetric buffer of d->symmetric_bytes at base (where a pulling combine's
+ * peers can read them). */
+bool symm_variant_y_inside(const symm_variant_desc *d, CUdeviceptr base, CUdeviceptr y);
+
+/* variant.c: whether the native backend's combine of y pulls: always with
+ * combine = "pull" (whose y the host checks first), with "auto" when y is
+ * inside (symm_variant_y_inside), never with "push". The NCCL backend lands
+ * the rows in COMBINE_IN (or a buffer of its own) whatever the mode, and the
+ * hybrid's companion decides for itself. */
+bool symm_variant_native_pulls(const symm_variant_desc *d, CUdeviceptr base, CUdeviceptr y);
 
 /* variant.c: where region id of v lives on this rank (its symmetric buffer
  * or its scratch), 0 for a region the variant does not have. */

@@ -138,7 +138,9 @@ static symm_status nccl_buffers(symm_variant *v)
     /* A pulling variant's symmetric buffer has no COMBINE_IN (its native
      * combine reads the peers' y): this backend's rows land in a buffer of
      * its own, with COMBINE_IN's layout ([world][max_tokens] or
-     * [max_tokens][topk] rows). */
+     * [max_tokens][topk] rows). combine = "auto" has COMBINE_IN (for its
+     * pushing form) and lands them there, so y may lie anywhere, as with
+     * "push": the form this backend takes is the same either way. */
     if (!d->regions[SYMM_REGION_COMBINE_IN].bytes)
         SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_combine_in, (expert ? T * (size_t)K : (size_t)W * T) * crow));
     SYMM_CU(cu, cuEventCreate(&n->vhost.done, CU_EVENT_DISABLE_TIMING));

@@ -13,6 +13,10 @@
 #        NCCL between ranks that share a GPU over loopback,
 #        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
 #        models, nccl, world4, worlds, world8, sanitize, variant,
+#        auto (combine = "auto": check of the default spec's auto variants at
+#        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
+#        at 2 and 4 ranks, memcheck and racecheck, and on 2 GPUs moe_bench
+#        rows AUTO_GROUPS, default u,a,b,p, table in $OUT's auto.md),
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
 #        selfcheck, bench, profile (rows PROFILE_GROUPS at the host's world),
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
@@ -292,6 +296,34 @@ for s in "$@"; do
         # of for this GPU, cudaErrorNoKernelImageForDevice, and goes on)
         step sanitizer-memcheck-hybrid 300 $run -n 2 --gpus "$gpus" --sim-hosts 2 -- compute-sanitizer --tool memcheck --report-api-errors no \
             --error-exitcode 9 "$build/tests-gpu/check" --manifest out/default/manifest.json --backend hybrid --quick ;;
+    auto) # combine = "auto" (both forms, chosen per call by where y lies; docs/protocol.md): the default
+        # spec's auto variants bit for bit with y inside (pull) and outside (push) in alternate calls,
+        # native at worlds 2 and 4 (with graph replays), the NCCL backend, the hybrid's auto companion
+        # on 2 simulated hosts; test_variant's auto tests (both forms in turn, and y placed differently
+        # across ranks failing fast with SYMM_ERR_MISMATCH on every rank) at 2 and 4 ranks; memcheck and
+        # racecheck of the world-2 variant; then, on 2 GPUs, rows u (and a, b, p for comparison).
+        step auto-check-w2 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json \
+            --variant bf16_rank_auto_w2 --graph-replays 20 --time 20
+        step auto-check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json \
+            --variant bf16_rank_auto_w4 --quick --graph-replays 10
+        step auto-check-w2-nccl 200 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+            --manifest out/default/manifest.json --variant bf16_rank_auto_w2 --backend nccl --quick
+        shared=(); [ "$ngpu" -lt 4 ] && shared=(--nccl-shared-gpu)
+        step auto-check-w4-hybrid-2hosts 300 $run -n 4 --gpus "$gpus" --sim-hosts 2 "${shared[@]}" -- \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --variant bf16_rank_auto_w4 --backend hybrid --quick
+        for n in 2 4; do
+            step auto-test_variant-n$n 200 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n $n --gpus "$gpus" -- \
+                "$build/tests-gpu/test_variant" --jobs 1 --filter 'variant/auto_*'
+        done
+        for tool in memcheck racecheck; do
+            step auto-sanitizer-$tool 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
+                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant bf16_rank_auto_w2
+        done
+        if [ "$ngpu" -ge 2 ]; then
+            step auto-bench 400 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus 0,1 -- "$build/bench/moe_bench" \
+                --manifest out/bench/manifest.json --groups "${AUTO_GROUPS:-u,a,b,p}" --no-nccl --markdown "$final/auto.md"
+        fi ;;
     variant)
         for n in 2 4; do
             step test_variant-n$n 180 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n $n --gpus "$gpus" -- "$build/tests-gpu/test_variant" --jobs 1
@@ -376,7 +408,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, auto, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

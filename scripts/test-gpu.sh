@@ -12,7 +12,9 @@
 #     a variant above 2^22 elements per rank's input runs again from the
 #     same spec generated with max_tokens = 128, every other field kept, so
 #     that every shape, dtype and layout is checked at a size time-slicing
-#     can afford);
+#     can afford; a layout-rank variant that takes combine's default is
+#     "push" there, below max_tokens 1024, where it was "auto": the
+#     default spec's "auto" variants check that form);
 #   - with the default spec, its world-2 variants again at both ends of the
 #     tuning knobs' ranges (SYMM_TUNE, docs/api.md "Tuning");
 #   - with the default spec, worlds across simulated hosts (symmrun

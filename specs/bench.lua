@@ -17,10 +17,14 @@
 --   (i) fp8       bench_dsv3_*_fp8            (a), (b) and (g) with fp8_e4m3 dispatch
 --   (p) pull      bench_dsv3_*_pull           (a), (b), (f) at 8 and 16 SMs and (g)
 --                                             with combine = "pull" (bench/NOTES.md 46)
+--   (u) auto      bench_dsv3_*_auto           (a) and (b) with combine = "auto": rows
+--                                             u.a, u.b with y in region y (pulling),
+--                                             u.a.push, u.b.push with y outside (pushing)
 --
 -- Everything is bf16 dispatch and combine with top-k weights and the
--- worst-case capacity (no routing can overflow), world 2, sms 24 unless
--- said otherwise.
+-- worst-case capacity (no routing can overflow), world 2, sms 24 and
+-- combine = "push" unless said otherwise (the rows of before combine =
+-- "auto" became the default of layout rank's prefill-sized variants).
 
 local PREFILL, DECODE, SWEEP = 4096, 128, 8192
 
@@ -31,7 +35,7 @@ local qwen3 = { hidden = 4096, experts = 128, topk = 8 }
 
 -- One variant: a model shape plus the fields that make it different.
 local function bench(name, shape, fields)
-  local v = { name = name, world = 2, dtype = "bf16", sms = 24 }
+  local v = { name = name, world = 2, dtype = "bf16", sms = 24, combine = "push" }
   for k, x in pairs(shape) do v[k] = x end
   for k, x in pairs(fields) do v[k] = x end
   return v
@@ -80,3 +84,10 @@ for _, sms in ipairs({ 8, 16 }) do
 end
 layout(bench("bench_dsv3_prefill_expert_pull", dsv3, { max_tokens = PREFILL, layout = "expert", combine = "pull" }))
 layout(bench("bench_dsv3_decode_expert_pull", dsv3, { max_tokens = DECODE, layout = "expert", combine = "pull" }))
+
+-- combine = "auto": both forms in one variant, each call pulling where y lies
+-- in the symmetric buffer and pushing elsewhere (the default from max_tokens
+-- 1024 up for layout rank). Against (a), (b) and their pulling twins: what
+-- the per-call check of the form costs each form.
+layout(bench("bench_dsv3_prefill_auto", dsv3, { max_tokens = PREFILL, combine = "auto" }))
+layout(bench("bench_dsv3_decode_auto", dsv3, { max_tokens = DECODE, combine = "auto" }))

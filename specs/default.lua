@@ -6,8 +6,9 @@
 -- and without top-k weights, on 2 and 4 ranks, two variants per world whose
 -- capacity is below the worst case (one per layout), expert layouts with
 -- aligned segments, a variant per world on 2 SMs, combines that pull
--- (one per layout and world), and companions for worlds across hosts (hosts:
--- world 1 and 2 among them).
+-- (one per layout and world), combines of both forms (combine = "auto", one
+-- per world), and companions for worlds across hosts (hosts: world 1 and 2
+-- among them).
 --
 -- Names read dtype_layout_wWORLD (plus what is special about the variant).
 -- See specs/tutorial.lua for what each field means.
@@ -64,6 +65,11 @@ for _, w in ipairs({ 2, 4 }) do
   layout(with(mid, { name = "bf16_rank_pull" .. s, world = w, combine = "pull" }))
   layout(with(small, { name = "fp16_expert_a8_pull" .. s, world = w, dtype = "fp16", layout = "expert",
                        align = 8, combine = "pull" }))
+  -- combine = "auto" (layout rank): both forms, each call pulling where y
+  -- lies in the symmetric buffer and pushing elsewhere (the default from
+  -- max_tokens 1024 up); at world 4 with a companion of 2 hosts, whose
+  -- combine is "auto" too.
+  layout(with(mid, { name = "bf16_rank_auto" .. s, world = w, combine = "auto", hosts = w == 4 and { 2 } or nil }))
 end
 
 -- Top-8 over 64 experts at the largest hidden size of the set, with segments

@@ -48,11 +48,16 @@
 --                 grouped-GEMM tiles).
 --   sms           how many SMs the kernels may use (default 24).
 --   combine       how combine brings each token's rows back to it:
---                   "push" (default) the rank that holds a row sends it back;
---                          y may be any device memory;
+--                   "push" the rank that holds a row sends it back; y may
+--                          be any device memory;
 --                   "pull" each rank reads its tokens' rows from its peers'
 --                          y, storing half as much (bench/NOTES.md 46), so y
---                          must lie in the variant's symmetric buffer.
+--                          must lie in the variant's symmetric buffer;
+--                   "auto" (layout "rank") both, chosen per call: y in the
+--                          symmetric buffer pulls, y elsewhere pushes, alike
+--                          on every rank; the memory of both.
+--                 Default: "auto" for layout "rank" from max_tokens 1024 up
+--                 (pull is the faster there), else "push".
 --   combine_order layout "expert" only: the fixed order of combine's sums.
 --                   "rank" (default) each rank that holds rows of a token
 --                          first sums them, w * y in ascending k in fp32,
@@ -80,7 +85,7 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:96: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:101: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --
@@ -169,6 +174,9 @@ layout {
 -- symmetric buffer, where the peers can read it. Write the expert output to
 -- the y that NAME_recv gives (or over its x when dtype and combine_dtype
 -- agree) and pass that pointer to combine; any other pointer is refused.
+-- Leave combine out and this layout-rank variant of 4096 tokens gets
+-- "auto": the same pull where y lies there, a push where it does not, at
+-- the memory of both forms (docs/spec.md).
 layout {
   name = "pulled",
   hidden = 7168, topk = 8, experts = 256, world = 2, max_tokens = 4096,

@@ -104,7 +104,7 @@ class VariantStats(ctypes.Structure):
     """symm_variant_stats (symm_variant.h)."""
     _fields_ = [("calls", c_uint64)] + [(name, c_int) for name in (
         "tokens", "recv_rows", "invalid", "dropped_send", "dropped_recv", "clamped", "timed_out",
-        "timeout_peer", "timeout_phase")]
+        "timeout_peer", "timeout_phase", "mismatch", "mismatch_peer")]
 
 
 class RefConfig(ctypes.Structure):

@@ -92,9 +92,10 @@ class Buffer:
 
     Attributes: name, hidden, topk, experts, world_size, local_experts,
     max_tokens, dtype and combine_dtype (torch dtypes), layout, weights,
-    capacity, align, sms, combine_mode ("push" or "pull"), combine_order,
-    variant (the manifest's manifest.Variant), rank, group, device,
-    combine_buffer (combine = "pull": where y should be written).
+    capacity, align, sms, combine_mode ("push", "pull" or "auto"),
+    combine_order, variant (the manifest's manifest.Variant), rank, group,
+    device, combine_buffer (combine = "pull": where y should be written;
+    "auto": where y may be written for the faster, pulling form).
     destroy() is collective; use the Buffer as a context manager or call it
     on every rank."""
 
@@ -196,7 +197,7 @@ class Buffer:
                   "num_recv_tokens_per_expert": ((L,), i32),
                   "recv_expert_offset": ((L,), i32) if v.layout == "expert" else None,
                   "num_recv_rows": ((1,), i32),
-                  "combine_buffer": ((cap, v.hidden), DTYPES[v.combine_dtype]) if v.pull else None}
+                  "combine_buffer": ((cap, v.hidden), DTYPES[v.combine_dtype]) if v.has_y_region else None}
         # Absent results travel through the owned ops as empty tensors.
         return {k: s if s is not None else ((0,), f32) for k, s in shapes.items()}
 
@@ -218,6 +219,9 @@ class Buffer:
         _increment_version(self._versioned)
 
     def _launch_combine(self, y, out):
+        # combine = "pull": the peers read y in the symmetric buffer, so a y
+        # elsewhere goes there first. "auto" takes y where it is (libsymm
+        # pulls inside the buffer and pushes elsewhere).
         if self._pull and not self._inside(y):
             y = self.combine_buffer.copy_(y)
         self._backend.combine(y, out)
@@ -383,7 +387,12 @@ class Buffer:
              last dispatch's recv_x (recv_x itself when the dtypes agree). With
              combine = "pull" the peers read y from the variant's symmetric
              buffer: write it into combine_buffer (or use recv_x) for zero copy;
-             any other y is first copied there.
+             any other y is first copied there. With combine = "auto" any y
+             is taken where it is: in combine_buffer (or recv_x) the peers read
+             it (the faster form at prefill sizes), elsewhere each rank pushes
+             its rows back; every rank must place y alike in a call, else the
+             call fails on every rank (stats(): mismatch, SymmError
+             SYMM_ERR_MISMATCH).
         out: optional [T, hidden] combine-dtype tensor to write into instead of
              a new one (not while autograd records).
 
@@ -454,9 +463,10 @@ class Buffer:
     def stats(self, check=True):
         """The last dispatch's statistics as a dict (calls, tokens, recv_rows,
         invalid, dropped_send, dropped_recv, clamped, timed_out, timeout_peer,
-        timeout_phase). Synchronises the current stream. check: raise
-        SymmError (libsymm's message) when rows were dropped, ids were
-        invalid, T was clamped, or a peer timed out."""
+        timeout_phase, mismatch, mismatch_peer). Synchronises the current
+        stream. check: raise SymmError (libsymm's message) when rows were
+        dropped, ids were invalid, T was clamped, a peer timed out, or (combine
+        = "auto") a peer placed y otherwise than this rank in a call."""
         values, err = self._backend.stats()
         if check and err is not None:
             raise err

@@ -28,7 +28,8 @@ class Variant:
     """One variant of a manifest. Attributes: name, hidden, topk, experts,
     world, local_experts, max_tokens, dtype, combine_dtype ("bf16", "fp16",
     "fp32", "fp8_e4m3"), layout ("rank" or "expert"), weights (bool),
-    combine ("push" or "pull"), combine_order ("rank" or "k": the order in
+    combine ("push", "pull" or "auto": both forms, by where y lies, layout
+    rank only), combine_order ("rank" or "k": the order in
     which layout expert's combine sums), capacity, worst_capacity, align,
     sms, symmetric_bytes, scratch_bytes, regions ({name: (offset, bytes,
     symmetric)}), arguments (the manifest's per-operation argument lists),
@@ -54,6 +55,11 @@ class Variant:
             raise ManifestError(f"{where}: field layout: got {self.layout!r}, expected rank or expert")
         self.weights = bool(fields.get("weights"))
         self.combine = fields.get("combine", "push")
+        if self.combine not in ("push", "pull", "auto"):
+            raise ManifestError(f"{where}: field combine: got {self.combine!r}, expected push, pull or auto")
+        if self.combine == "auto" and self.layout != "rank":
+            raise ManifestError(f"{where}: field combine: got 'auto', expected push or pull with layout expert "
+                                f"(auto is for layout rank only)")
         # Manifests of a libsymm before the choice existed summed layout
         # expert's combine in k order; layout rank has one order.
         self.combine_order = fields.get("combine_order", "k" if self.layout == "expert" else "rank")
@@ -73,6 +79,19 @@ class Variant:
         """Whether combine reads the peers' y (combine = "pull"): y must then
         lie in the variant's symmetric buffer."""
         return self.combine == "pull"
+
+    @property
+    def auto(self):
+        """Whether combine has both forms (combine = "auto"): it pulls in a
+        call whose y lies in the variant's symmetric buffer (region y, or
+        recv_x) and pushes in any other; every rank must place y alike."""
+        return self.combine == "auto"
+
+    @property
+    def has_y_region(self):
+        """Whether the variant has a place for y in its symmetric buffer
+        (region y: combine = "pull" or "auto")."""
+        return self.combine in ("pull", "auto")
 
     @property
     def scale_cols(self):

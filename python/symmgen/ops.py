@@ -44,7 +44,8 @@ registry = {}
 # an argument in torch's own symmetric memory. The arguments our kernels
 # read from peers must lie in the variant's symmetric buffer instead, which
 # torch does not allocate, so it is detected (and reported) but not used:
-# a pulling combine's y is Buffer.combine_buffer, a view of that buffer.
+# a pulling combine's y is Buffer.combine_buffer, a view of that buffer
+# (with combine = "auto" a y anywhere else pushes instead).
 HAS_SYMM_MEM_ARGS = hasattr(torch.library.Library, "register_symm_mem_args")
 
 

@@ -117,14 +117,22 @@ symm_status symm_jit_compile(const symm_jit_request *req, symm_jit_result *res);
 
 /* Compile parts 1..parts of one source at once, each with -DSYMM_PART=<i>
  * after req->options, through the cache like symm_jit_compile, part i + 1
- * into res[i]. The generated kernels are cut in three parts (dispatch;
- * combine; the NCCL backend's kernels, compiled for that backend only), so a
- * variant's cold compile takes as long as its longest part instead of all. Parts 2.. run on threads of
- * their own. Fails, with the message of the first part that failed, when any
- * part does; every res[i] is initialised and must be released with
- * symm_jit_result_free either way. parts: 1..SYMM_JIT_MAX_PARTS. */
+ * into res[i]. The generated kernels are cut in parts (1 dispatch; 2
+ * combine; 3 the NCCL and hybrid backends' kernels, compiled for those
+ * backends only; 4 with combine = "auto", the pulling combine), so a
+ * variant's cold compile takes as long as its longest part instead of all.
+ * Parts after the first run on threads of their own. Fails, with the message
+ * of the first part that failed, when any part does; every res[i] is
+ * initialised and must be released with symm_jit_result_free either way.
+ * parts: 1..SYMM_JIT_MAX_PARTS. */
 #define SYMM_JIT_MAX_PARTS 4
 symm_status symm_jit_compile_parts(const symm_jit_request *req, int parts, symm_jit_result *res);
+
+/* symm_jit_compile_parts of the parts list[0..parts), distinct, each
+ * 1..SYMM_JIT_MAX_PARTS, part list[i] into res[i] (SYMM_ERR_INVALID_ARG
+ * naming the entry otherwise). */
+symm_status symm_jit_compile_part_list(const symm_jit_request *req, const int *list, int parts,
+                                       symm_jit_result *res);
 
 /* Free what a compile put in *res and zero it; NULL and a zeroed result are
  * fine. Always SYMM_OK. */

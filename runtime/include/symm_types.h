@@ -32,6 +32,20 @@ typedef enum symm_combine_order {
     SYMM_COMBINE_ORDER_K = 1,
 } symm_combine_order;
 
+/* How combine brings each token's rows back (spec field combine).
+ * PUSH: the rank that holds a row sends it back into the source's COMBINE_IN;
+ * y may be any device memory. PULL: each rank reads its tokens' rows from
+ * its peers' y, which must then lie in the variant's symmetric buffer.
+ * AUTO (layout rank only): both forms in one variant, chosen per call by
+ * where y lies: inside the symmetric buffer (all capacity rows of it) it
+ * pulls, elsewhere it pushes; every rank must choose alike in a call, else
+ * the call fails with SYMM_ERR_MISMATCH on every rank (docs/protocol.md). */
+typedef enum symm_combine_mode {
+    SYMM_COMBINE_PUSH = 0,
+    SYMM_COMBINE_PULL = 1,
+    SYMM_COMBINE_AUTO = 2,
+} symm_combine_mode;
+
 /* Bytes per element of a dtype (1, 2 or 4); 0 for an unknown value. */
 static inline int symm_dtype_size(symm_dtype d)
 {
@@ -65,7 +79,7 @@ typedef enum symm_region {
     SYMM_REGION_LAYOUT_WORK,    /* local: layout counters that do not fit in shared memory */
     SYMM_REGION_COMBINE_FLAGS,  /* sym: per COMBINE_IN slot, the call whose row has landed there */
     SYMM_REGION_RECV_CHAIN,     /* sym: layout expert: [capacity, topk - 1] int32 rows a chain's head fills */
-    SYMM_REGION_Y,              /* sym: combine = "pull": [capacity, hidden] combine dtype, a place for y */
+    SYMM_REGION_Y,              /* sym: combine = "pull" or "auto": [capacity, hidden] combine dtype, a place for y */
     SYMM_REGION_CHAIN_READY,    /* sym: layout expert: per (source rank, token) the call whose chain head landed */
     SYMM_REGION_COUNT
 } symm_region;

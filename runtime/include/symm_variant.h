@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 /* Version of symm_variant_desc; a stub built for another version is refused. */
-#define SYMM_DESC_ABI 6
+#define SYMM_DESC_ABI 7
 
 typedef struct symm_region_desc {
     uint64_t offset; /* from the start of the symmetric buffer or of the scratch */
@@ -68,8 +68,9 @@ typedef struct symm_variant_desc {
     symm_dtype dtype, combine_dtype;
     symm_layout layout;
     int weights, align, sms;
-    int combine_pull;           /* combine = "pull": combine reads the peers' y, which
-                                   must lie in the variant's symmetric buffer */
+    symm_combine_mode combine;  /* PULL: combine reads the peers' y, which must lie in
+                                   the variant's symmetric buffer; AUTO: pulls when
+                                   it does, pushes otherwise (symm_types.h) */
     symm_combine_order combine_order; /* layout expert: how combine sums (symm_types.h) */
     int64_t capacity, worst_capacity;
     uint64_t symmetric_bytes;   /* per rank, before rounding to the VMM granularity */
@@ -146,10 +147,15 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
 /* Combine: y [capacity, hidden] combine dtype, aligned with recv_x (any
  * device memory, recv_x itself included when the dtypes agree); out
  * [T, hidden] combine dtype with T of the last dispatch. A variant with
- * combine = "pull" (desc->combine_pull) reads its peers' y where they are:
- * y must then lie, all capacity rows of it, inside the variant's symmetric
- * buffer (symm_recv_buffers.y, or recv_x), else SYMM_ERR_INVALID_ARG names
- * it; ranks may put it at different places there.
+ * combine = "pull" (desc->combine SYMM_COMBINE_PULL) reads its peers' y where
+ * they are: y must then lie, all capacity rows of it, inside the variant's
+ * symmetric buffer (symm_recv_buffers.y, or recv_x), else
+ * SYMM_ERR_INVALID_ARG names it; ranks may put it at different places there.
+ * combine = "auto" (SYMM_COMBINE_AUTO, the native backend) pulls in a call
+ * whose y lies so and pushes in any other: every rank must place y alike in
+ * a call (all inside, or all outside), else the call fails on every rank
+ * (symm_variant_stats_read: SYMM_ERR_MISMATCH, sticky); the NCCL backend
+ * takes y anywhere either way (the hybrid: as its companion does).
  * Layout rank: out[t] = sum over the ranks p that received t, ascending p,
  * of y_p[row], in fp32, rounded once. Layout expert, desc->combine_order
  * RANK (the default): out[t] = sum over ranks p ascending of P_p(t), where
@@ -172,8 +178,8 @@ typedef struct symm_recv_buffers {
     CUdeviceptr expert_count; /* [local experts] int32 */
     CUdeviceptr expert_offset;/* layout expert: [local experts] int32; else 0 */
     CUdeviceptr rows;         /* int32: rows received (see symm_variant_stats) */
-    CUdeviceptr y;            /* combine = "pull": [capacity, hidden] combine dtype, a place
-                                 for combine's y in the symmetric buffer; else 0 */
+    CUdeviceptr y;            /* combine = "pull" or "auto": [capacity, hidden] combine dtype,
+                                 a place for combine's y in the symmetric buffer; else 0 */
 } symm_recv_buffers;
 
 /* The hybrid backend hands out its companion's buffers (its rows, in the
@@ -193,13 +199,19 @@ typedef struct symm_variant_stats {
     int timed_out;         /* a device wait timed out ... */
     int timeout_peer;      /* ... waiting for this rank (-1: unknown, NCCL backend) ... */
     int timeout_phase;     /* ... in this phase: 1 counts, 2 rows, 3 combine */
+    int mismatch;          /* combine = "auto": the ranks took different forms in a call:
+                              1 this rank pulled (its y inside the symmetric buffer) and
+                              rank mismatch_peer pushed, 2 the other way round; 0 none */
+    int mismatch_peer;     /* ... the peer that took the other form (-1 with none) */
 } symm_variant_stats;
 
 /* Copy the statistics to the host after the variant's work queued so far on
  * stream has finished (this synchronizes that stream). Returns SYMM_OK when the
  * last dispatch was clean, SYMM_ERR_OVERFLOW when rows were dropped, ids were
  * invalid or T was clamped, SYMM_ERR_TIMEOUT when a device wait timed out (the
- * message names the peer and the phase). A timeout is sticky: the ranks no
+ * message names the peer and the phase), SYMM_ERR_MISMATCH when a combine of
+ * combine = "auto" found a peer that took the other form (the message names
+ * the peer, the call and both forms). Either is sticky: the ranks no
  * longer agree on where the exchange stands, so every later call fails fast
  * and the variant must be destroyed (which still works and frees everything)
  * and created again. The NCCL backend waits on the host inside dispatch: there

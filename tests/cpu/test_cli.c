@@ -1114,26 +1114,35 @@ Test(cli, compile_of_the_default_spec_reports_a_time_per_variant)
     cr_assert_eq(list.status, 0);
     result r = RUN("--compile", spec);
     cr_assert_eq(r.status, 0, "status %d: %s", r.status, r.err);
-    int variants = 0;
+    int variants = 0, both_forms = 0;
     for (char *line = list.out, *nl; (nl = strchr(line, '\n')); line = nl + 1, variants++) {
         char name[SG_NAME_MAX + 1], want[SG_NAME_MAX + 64];
         FMT(name, "%.*s", (int)strcspn(line, " "), line);
         FMT(want, "compiled %s for sm_90a in ", name);
         const char *at = strstr(r.err, want);
         cr_assert(at, "no compile time for %s: %s", name, r.err);
-        /* Each program the runtime compiles, with its own time. */
-        double total, part[3];
-        cr_assert_eq(sscanf(at + strlen(want), "%lf ms (dispatch %lf, combine %lf, NCCL and hybrid backends %lf ms)\n", &total,
-                            &part[0], &part[1], &part[2]),
+        /* Each program the runtime compiles, with its own time: with
+         * combine = "auto" a fourth, the pulling combine. */
+        double total, part[4] = {0};
+        int used = 0;
+        cr_assert_eq(sscanf(at + strlen(want), "%lf ms (dispatch %lf, combine %lf, NCCL and hybrid backends %lf%n",
+                            &total, &part[0], &part[1], &part[2], &used),
                      4, "%s", at);
-        cr_assert(part[0] > 0 && part[1] > 0 && part[2] > 0 && fabs(total - part[0] - part[1] - part[2]) < 3,
-                  "%s: %g ms in all, parts %g %g %g", name, total, part[0], part[1], part[2]);
+        const char *rest = at + strlen(want) + used;
+        const bool pulling = sscanf(rest, ", pulling combine %lf ms)\n", &part[3]) == 1;
+        cr_assert(pulling || strncmp(rest, " ms)\n", 5) == 0, "%s: %s", name, at);
+        both_forms += pulling;
+        cr_assert(part[0] > 0 && part[1] > 0 && part[2] > 0 && (!pulling || part[3] > 0) &&
+                      fabs(total - part[0] - part[1] - part[2] - part[3]) < 3,
+                  "%s: %g ms in all, parts %g %g %g %g", name, total, part[0], part[1], part[2], part[3]);
     }
+    /* The default spec has combines of both forms (combine = "auto"). */
+    cr_assert(both_forms > 0 || sanitized || quick(), "no variant with a pulling combine program: %s", r.err);
     char total[64];
     FMT(total, "compiled %d variants for sm_90a in ", variants);
     cr_assert(strstr(r.err, total), "no total: %s", r.err);
-    FMT(total, "%d programs over ", 3 * variants);
-    cr_assert(strstr(r.err, total), "not 3 programs a variant: %s", r.err);
+    FMT(total, "%d programs over ", 3 * variants + both_forms);
+    cr_assert(strstr(r.err, total), "not 3 programs a variant (4 with combine = \"auto\"): %s", r.err);
     cr_assert(!strstr(r.err, "warning"), "NVRTC warns: %s", r.err);
     cr_assert(exists_at("out/default/manifest.json") || exists_at("out/small/manifest.json"));
     printf("symmgen --compile: %d variants in %.0f ms\n", variants, r.ms);
@@ -1190,7 +1199,7 @@ Test(cli, bad_define_is_a_usage_error_reported_once)
     static const char *const defines[][2] = {
         {"frob=1", "-D frob=1: unknown field"},
         {"topk=99", "-D topk=99: got 99, expected 1..16"},
-        {"combine=pul", "-D combine=pul: got \"pul\", expected \"push\" or \"pull\""},
+        {"combine=pul", "-D combine=pul: got \"pul\", expected \"push\", \"pull\" or \"auto\""},
         {"dtype=\x1b[31mred", "-D dtype=\\x1b[31mred: got \"\\x1b[31mred\", expected"},
     };
     size_t k = (size_t)rnd_in(0, 3);

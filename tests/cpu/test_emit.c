@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nvrtc.h>
+
 #include "json.h"
 #include "moe_inputs.h"
 #include "sg.h"
@@ -494,39 +496,51 @@ static bool json_bool(const symm_json *obj, const char *key)
  * the y argument's "symmetric", a region y of [capacity, hidden] combine
  * dtype, no combine_flags, three signals per rank instead of one), the .cu
  * declares COMBINE_PULL and Y as the runtime checks them, and the stub sets
- * combine_pull. The pushing variant keeps y anywhere and has no region y. */
+ * combine. The pushing variant keeps y anywhere and has no region y. Its
+ * "auto" twin (layout rank) has both forms' regions: y where it may pull,
+ * COMBINE_IN and its flags where it pushes (where the NCCL backend lands
+ * its rows too), three signals per rank, y anywhere ("symmetric": false),
+ * and a source whose form is the program's (COMBINE_PULL = SYMM_PART == 4). */
 Test(generate, combine_pull_puts_y_in_the_symmetric_buffer)
 {
-    sg_variant vs[2];
+    sg_variant vs[3];
     random_variant(&vs[0], 4);
     vs[1] = vs[0];
     FMT(vs[1].name, "%s_pull", vs[0].name);
-    vs[1].combine_pull = true;
-    sg_generated g[2];
+    vs[1].combine = SYMM_COMBINE_PULL;
+    vs[2] = vs[0];
+    FMT(vs[2].name, "%s_auto", vs[0].name);
+    vs[2].combine = SYMM_COMBINE_AUTO;
+    vs[2].layout = SYMM_LAYOUT_RANK;
+    vs[2].align = 1;
+    vs[2].capacity = sg_worst_capacity(&vs[2]);
+    sg_generated g[3];
     sg_diag diag = {0};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         cr_assert_eq(sg_generate_variant(sg_embedded_templates, &vs[i], "s.lua", &g[i], &diag), SG_EXIT_OK, "%s",
                      diag.count ? diag.messages[0] : "");
     sg_buf text = {0};
-    sg_manifest("s.lua", g, 2, &text);
+    sg_manifest("s.lua", g, 3, &text);
     symm_json_doc *doc;
     int line, col;
     char why[256];
     cr_assert_eq(symm_json_parse(text.data, text.len, &doc, &line, &col, why, sizeof why), SYMM_JSON_OK,
                  "%d:%d: %s", line, col, why);
     const symm_json *variants = symm_json_member(symm_json_root(doc), "variants", NULL);
-    for (int i = 0; i < 2; i++) {
+    static const char *const modes[] = {"push", "pull", "auto"};
+    for (int i = 0; i < 3; i++) {
         const sg_variant *v = &vs[i];
-        const bool pull = v->combine_pull;
+        const bool pull = v->combine == SYMM_COMBINE_PULL, automatic = v->combine == SYMM_COMBINE_AUTO;
         const uint64_t W = (uint64_t)v->world, T = (uint64_t)v->max_tokens, K = (uint64_t)v->topk;
         const uint64_t slots = v->layout == SYMM_LAYOUT_RANK ? W * T : T * K;
         const uint64_t y_bytes = (uint64_t)v->capacity * (uint64_t)v->hidden * (uint64_t)symm_dtype_size(v->combine_dtype);
+        const uint64_t in_bytes = slots * (uint64_t)v->hidden * (uint64_t)symm_dtype_size(v->combine_dtype);
         const symm_json *obj = named(variants, v->name);
         cr_assert(obj, "the manifest has no variant %s:\n%s", v->name, text.data);
 
         const symm_json *combine = symm_json_member(obj, "combine", NULL);
-        cr_assert(combine && combine->type == SYMM_JSON_STRING && strcmp(combine->str, pull ? "pull" : "push") == 0,
-                  "%s: \"combine\" is not \"%s\"", v->name, pull ? "pull" : "push");
+        cr_assert(combine && combine->type == SYMM_JSON_STRING && strcmp(combine->str, modes[v->combine]) == 0,
+                  "%s: \"combine\" is not \"%s\"", v->name, modes[v->combine]);
         const symm_json *args = symm_json_member(symm_json_member(obj, "arguments", NULL), "combine", NULL);
         const symm_json *y = named(args, "y"), *out = named(args, "out");
         cr_assert(y && out, "%s: combine lacks y or out", v->name);
@@ -536,18 +550,18 @@ Test(generate, combine_pull_puts_y_in_the_symmetric_buffer)
 
         const symm_json *regions = symm_json_member(obj, "regions", NULL);
         const symm_json *ry = named(regions, "y"), *flags = named(regions, "combine_flags");
+        const symm_json *in = named(regions, "combine_in");
         const symm_json *signals = named(regions, "signals");
         cr_assert(signals, "%s: no region signals", v->name);
         /* A pushing combine of layout expert by rank: a second kind, the
          * peers' warps that have stored their partial sums (PARTIAL_GRID). */
         const bool grouped = v->layout == SYMM_LAYOUT_EXPERT && v->combine_order == SYMM_COMBINE_ORDER_RANK;
-        cr_assert_eq((uint64_t)json_int(signals, "bytes"), (pull ? 3 : grouped ? 2 : 1) * W * 128, "%s: signals",
-                     v->name);
+        cr_assert_eq((uint64_t)json_int(signals, "bytes"), (pull || automatic ? 3 : grouped ? 2 : 1) * W * 128,
+                     "%s: signals", v->name);
         sg_layout l;
         sg_layout_compute(v, &l);
-        if (pull) {
+        if (pull || automatic) {
             cr_assert(ry, "%s: no region y", v->name);
-            cr_assert(!flags, "%s: a pulling combine has no combine_flags", v->name);
             cr_assert_eq((uint64_t)json_int(ry, "bytes"), y_bytes, "%s: region y has %lld bytes, expected %llu",
                          v->name, (long long)json_int(ry, "bytes"), (unsigned long long)y_bytes);
             cr_assert(json_bool(ry, "symmetric"), "%s: region y must be symmetric", v->name);
@@ -555,23 +569,90 @@ Test(generate, combine_pull_puts_y_in_the_symmetric_buffer)
             cr_assert_leq((uint64_t)json_int(ry, "offset") + y_bytes, (uint64_t)json_int(obj, "symmetric_bytes"));
         } else {
             cr_assert(!ry, "%s: a pushing combine has no region y", v->name);
+        }
+        if (pull) {
+            cr_assert(!flags && !in, "%s: a pulling combine has no combine_flags nor combine_in", v->name);
+        } else {
             cr_assert(flags && (uint64_t)json_int(flags, "bytes") == slots * 8, "%s: combine_flags", v->name);
+            cr_assert(in && (uint64_t)json_int(in, "bytes") == in_bytes, "%s: combine_in", v->name);
         }
 
         /* What the runtime checks the descriptor against. */
         char want[128];
-        FMT(want, "\nconstexpr bool COMBINE_PULL = %s;\n", pull ? "true" : "false");
+        FMT(want, "\nconstexpr bool COMBINE_AUTO = %s;\n", automatic ? "true" : "false");
+        cr_assert(strstr(g[i].cu.data, want), "%s.cu lacks %s", v->name, want + 1);
+        FMT(want, "\nconstexpr bool COMBINE_PULL = %s;\n", automatic ? "SYMM_PART == 4" : pull ? "true" : "false");
         cr_assert(strstr(g[i].cu.data, want), "%s.cu lacks %s", v->name, want + 1);
         FMT(want, "\nconstexpr u64 Y_OFF = %llu; // symmetric\nconstexpr u64 Y_BYTES = %llu;\n",
-            (unsigned long long)l.regions[SYMM_REGION_Y].offset, pull ? (unsigned long long)y_bytes : 0ull);
+            (unsigned long long)l.regions[SYMM_REGION_Y].offset, pull || automatic ? (unsigned long long)y_bytes : 0ull);
         cr_assert(strstr(g[i].cu.data, want), "%s.cu lacks %s", v->name, want + 1);
-        FMT(want, ".combine_pull = %d,", pull ? 1 : 0);
+        FMT(want, ".combine = %s,", automatic ? "SYMM_COMBINE_AUTO" : pull ? "SYMM_COMBINE_PULL" : "SYMM_COMBINE_PUSH");
         cr_assert(strstr(g[i].c.data, want), "%s.c lacks %s", v->name, want);
+        FMT(want, " *   combine        %s\n", modes[v->combine]);
+        cr_assert(strstr(g[i].cu.data, want), "%s.cu's header lacks %s", v->name, want);
     }
     symm_json_free(doc);
     sg_buf_free(&text);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         sg_generated_free(&g[i]);
+    sg_diag_free(&diag);
+}
+
+/* The PTX of source with -DSYMM_PART=part (the options of
+ * SG_NVRTC_OPTIONS, for compute_90a: no cubin needed to see the entries). */
+static char *ptx_of(const char *name, const char *source, int part)
+{
+    nvrtcProgram prog;
+    cr_assert_eq(nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    char define[32];
+    FMT(define, "-DSYMM_PART=%d", part);
+    const char *options[] = {"--gpu-architecture=compute_90a", SG_NVRTC_OPTIONS, define};
+    nvrtcResult rc = nvrtcCompileProgram(prog, (int)(sizeof options / sizeof options[0]), options);
+    if (rc != NVRTC_SUCCESS) {
+        size_t n = 0;
+        nvrtcGetProgramLogSize(prog, &n);
+        char *log = calloc(1, n + 1);
+        nvrtcGetProgramLog(prog, log);
+        cr_assert_fail("%s part %d: %s\n%s", name, part, nvrtcGetErrorString(rc), log);
+    }
+    size_t n = 0;
+    cr_assert_eq(nvrtcGetPTXSize(prog, &n), NVRTC_SUCCESS);
+    char *ptx = calloc(1, n + 1);
+    cr_assert_eq(nvrtcGetPTX(prog, ptx), NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&prog);
+    return ptx;
+}
+
+/* combine = "auto" compiles as the runtime compiles it: parts 1, 2 (the
+ * pushing combine, symm_combine) and 4 (the pulling one, symm_combine_pull),
+ * and 3 for the NCCL backend; each program holds its own entry point and
+ * not the other (their PTX says so). */
+Test(generate, combine_auto_compiles_both_forms_each_in_its_program, .timeout = 240)
+{
+    sg_variant v;
+    random_variant(&v, 7);
+    v.layout = SYMM_LAYOUT_RANK;
+    v.align = 1;
+    v.combine = SYMM_COMBINE_AUTO;
+    v.capacity = sg_worst_capacity(&v);
+    sg_generated g;
+    sg_diag diag = {0};
+    cr_assert_eq(sg_generate_variant(sg_embedded_templates, &v, "s.lua", &g, &diag), SG_EXIT_OK, "%s",
+                 diag.count ? diag.messages[0] : "");
+    for (int part = 1; part <= SG_PARTS; part++) {
+        cr_assert(sg_part_applies(&v, part), "part %d of an auto variant", part);
+        char *ptx = ptx_of(v.name, g.cu.data, part);
+        const bool has_push = strstr(ptx, ".entry symm_combine(") != NULL;
+        const bool has_pull = strstr(ptx, ".entry symm_combine_pull(") != NULL;
+        cr_assert(has_push == (part == 2) && has_pull == (part == 4),
+                  "%s part %d (%s): symm_combine %s, symm_combine_pull %s", v.name, part, sg_part_name(part),
+                  has_push ? "present" : "absent", has_pull ? "present" : "absent");
+        free(ptx);
+    }
+    /* A variant of another mode has no part 4. */
+    v.combine = (symm_combine_mode)rnd_in(0, 1);
+    cr_assert(!sg_part_applies(&v, 4), "part 4 of a %s variant", v.combine ? "pull" : "push");
+    sg_generated_free(&g);
     sg_diag_free(&diag);
 }
 
@@ -1118,18 +1199,18 @@ Test(compile, arch_names_are_validated)
 }
 
 /* --compile builds each program the runtime builds: the source with
- * -DSYMM_PART=1, 2 and 3 (runtime/jit.c); a part that breaks only under its
- * own define is found, and its log names it. Part 0 is the whole source. */
+ * -DSYMM_PART=1, 2, 3 and 4 (runtime/jit.c); a part that breaks only under
+ * its own define is found, and its log names it. Part 0 is the whole source. */
 Test(emit, nvrtc_compile_defines_the_part_as_the_runtime_does)
 {
-    const int broken = rnd_in(1, 3);
+    const int broken = rnd_in(1, SG_PARTS);
     char source[512];
     FMT(source,
         "#ifndef SYMM_PART\n#define SYMM_PART 0\n#endif\n"
         "#if SYMM_PART == %d\n__global__ void broken() { int x = ; }\n#endif\n"
         "extern \"C\" __global__ void fine(int *p) { *p = SYMM_PART; }\n",
         broken);
-    for (int part = 0; part <= 3; part++) {
+    for (int part = 0; part <= SG_PARTS; part++) {
         double ms;
         char *log = NULL;
         int rc = sg_nvrtc_compile("parts.cu", source, strlen(source), "sm_90a", part, &ms, &log);

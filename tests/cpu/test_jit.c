@@ -1135,6 +1135,58 @@ Test(jit, parts_compile_at_once_each_into_its_own_cubin_and_cache_entry)
     free(src);
 }
 
+/* A list of parts (combine = "auto" compiles 1, 2 and 4): part list[i] into
+ * res[i], each with its own -DSYMM_PART and its own kernel, in any order;
+ * parts 3 and those not listed are not compiled. A bad list is refused,
+ * naming the entry, before anything compiles. */
+Test(jit, a_list_of_parts_compiles_each_listed_part_into_its_place)
+{
+    char *src;
+    const uint32_t c = (uint32_t)rnd();
+    const int lists[][3] = {{1, 2, 4}, {4, 1, 2}, {2, 4, 1}};
+    const int l = (int)(rnd() % 3);
+    symm_jit_result res[3];
+    /* The kernel's name is its part (part_1, ...): SYMM_PART pasted. */
+    cr_assert(asprintf(&src,
+                       "#if SYMM_PART == 3\n"
+                       "#error part 3 was not asked for\n"
+                       "#endif\n"
+                       "#define NAME2(p) part_##p\n#define NAME(p) NAME2(p)\n"
+                       "extern \"C\" __global__ void NAME(SYMM_PART)(unsigned *out) { out[threadIdx.x] = 0x%08xu; }\n",
+                       c) > 0);
+    symm_jit_request req = request(src, cache_dir);
+    symm_status st = symm_jit_compile_part_list(&req, lists[l], 3, res);
+    cr_assert_eq(st, SYMM_OK, "parts %d, %d, %d: %s", lists[l][0], lists[l][1], lists[l][2], symm_last_error());
+    for (int i = 0; i < 3; i++) {
+        char mine[16];
+        snprintf(mine, sizeof mine, "part_%d", lists[l][i]);
+        cr_assert(has_bytes(res[i].cubin, res[i].cubin_size, mine), "res[%d] lacks %s", i, mine);
+        for (int p = 1; p <= 4; p++) {
+            char other[16];
+            snprintf(other, sizeof other, "part_%d", p);
+            cr_assert(p == lists[l][i] || !has_bytes(res[i].cubin, res[i].cubin_size, other),
+                      "res[%d] (part %d) holds %s", i, lists[l][i], other);
+        }
+        symm_jit_result_free(&res[i]);
+    }
+    cr_assert_eq(count_files(cache_dir), 3, "one cache entry per listed part");
+    static const struct {
+        int list[3], n;
+        const char *want;
+    } bad[] = {
+        {{1, 0, 2}, 3, "list[1] = 0: expected distinct parts 1..4"},
+        {{1, 5}, 2, "list[1] = 5: expected distinct parts 1..4"},
+        {{2, 4, 2}, 3, "list[2] = 2: expected distinct parts 1..4"},
+        {{1}, 0, "parts 0: expected 1..4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(symm_jit_compile_part_list(&req, bad[i].list, bad[i].n, res), SYMM_ERR_INVALID_ARG);
+        cr_assert(strstr(symm_last_error(), bad[i].want), "%s", symm_last_error());
+    }
+    cr_assert_eq(count_files(cache_dir), 3, "a refused list compiled nothing");
+    free(src);
+}
+
 /* A part that does not compile fails the call with that part's message; the
  * other part's result is released by the caller as usual. */
 Test(jit, a_failing_part_fails_the_call_naming_its_error)

@@ -28,7 +28,7 @@
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "f12db3e6425dad04a338caa6a7d4be9e5cddcd20e452bac2a61429d04aa2241a"
+#define RANK_SHA "e75940ac325712a53305c48d6bcaf69142d63d1b925f911a9954a98f03cc6838"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -186,7 +186,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     cr_assert(d->hidden == 256 && d->topk == 2 && d->experts == 8 && d->world == 2 && d->max_tokens == 16);
     cr_assert(d->dtype == SYMM_DTYPE_BF16 && d->combine_dtype == SYMM_DTYPE_BF16 && d->layout == SYMM_LAYOUT_RANK);
     cr_assert(d->weights == 1 && d->align == 1 && d->sms == 24 && d->capacity == 32 && d->worst_capacity == 32);
-    cr_assert_eq(d->combine_pull, 0, "\"combine\": \"push\" reads as combine_pull 0");
+    cr_assert_eq(d->combine, SYMM_COMBINE_PUSH, "\"combine\": \"push\" reads as SYMM_COMBINE_PUSH");
     cr_assert(d->symmetric_bytes == 35072 && d->scratch_bytes == 1024);
     static const want_region rank_regions[] = {
         {SYMM_REGION_SIGNALS, 0, 768},         {SYMM_REGION_COUNTS, 768, 32},
@@ -207,7 +207,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     cr_assert(d->dtype == SYMM_DTYPE_FP8_E4M3 && d->combine_dtype == SYMM_DTYPE_FP16 &&
               d->layout == SYMM_LAYOUT_EXPERT);
     cr_assert(d->weights == 1 && d->align == 4 && d->sms == 8 && d->capacity == 40 && d->worst_capacity == 70);
-    cr_assert_eq(d->combine_pull, 0, "a variant without \"combine\" pushes");
+    cr_assert_eq(d->combine, SYMM_COMBINE_PUSH, "a variant without \"combine\" pushes");
     cr_assert(d->symmetric_bytes == 30208 && d->scratch_bytes == 1280);
     static const want_region expert_regions[] = {
         {SYMM_REGION_SIGNALS, 0, 1536},         {SYMM_REGION_COUNTS, 1536, 256},
@@ -220,7 +220,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "efe05c029de097e2dbb09da992c953c5ef94f127d72896a6141b3cbbd6532707");
+                  "3b024d48f1a72d210a0ac9d0faf2b405219599baa1c86abb38f92c099ac51ed0");
     symm_manifest_close(m);
 }
 
@@ -240,20 +240,25 @@ static symm_status open_edited(scratch *s, const char *text, const char *from, c
     return st;
 }
 
-/* "combine": "pull" sets combine_pull; "push" and a manifest without the
- * member (written before combine = "pull" existed) push. */
+/* "combine": "pull" or "auto" sets desc.combine; "push" and a manifest
+ * without the member (written before combine = "pull" existed) push;
+ * "auto" with layout expert, or another word, is refused naming the field
+ * and the values. */
 Test(manifest, combine_is_read_and_a_manifest_without_it_pushes)
 {
     char *text = slurp(FIXTURE, NULL);
     static const struct {
         const char *from, *to;
-        int rank, expert; /* combine_pull of tiny_rank and tiny_expert_fp8 */
+        int rank, expert; /* desc.combine of tiny_rank and tiny_expert_fp8 */
     } cases[] = {
-        {"\"combine\": \"push\"", "\"combine\": \"push\"", 0, 0},
-        {"\"combine\": \"push\"", "\"combine\": \"pull\"", 1, 0},
-        {"      \"combine\": \"push\",\n", "", 0, 0},
-        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"pull\",", 0, 1},
-        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"push\",", 0, 0},
+        {"\"combine\": \"push\"", "\"combine\": \"push\"", SYMM_COMBINE_PUSH, SYMM_COMBINE_PUSH},
+        {"\"combine\": \"push\"", "\"combine\": \"pull\"", SYMM_COMBINE_PULL, SYMM_COMBINE_PUSH},
+        {"\"combine\": \"push\"", "\"combine\": \"auto\"", SYMM_COMBINE_AUTO, SYMM_COMBINE_PUSH},
+        {"      \"combine\": \"push\",\n", "", SYMM_COMBINE_PUSH, SYMM_COMBINE_PUSH},
+        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"pull\",", SYMM_COMBINE_PUSH,
+         SYMM_COMBINE_PULL},
+        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"push\",", SYMM_COMBINE_PUSH,
+         SYMM_COMBINE_PUSH},
     };
     scratch s;
     scratch_make(&s);
@@ -262,10 +267,27 @@ Test(manifest, combine_is_read_and_a_manifest_without_it_pushes)
         const symm_variant_desc *rank, *expert;
         cr_assert_eq(open_edited(&s, text, cases[i].from, cases[i].to, &m, &rank, &expert), SYMM_OK, "case %zu: %s",
                      i, symm_last_error());
-        cr_assert(rank->combine_pull == cases[i].rank && expert->combine_pull == cases[i].expert,
-                  "case %zu (%s): combine_pull %d and %d, expected %d and %d", i, cases[i].to, rank->combine_pull,
-                  expert->combine_pull, cases[i].rank, cases[i].expert);
+        cr_assert((int)rank->combine == cases[i].rank && (int)expert->combine == cases[i].expert,
+                  "case %zu (%s): combine %d and %d, expected %d and %d", i, cases[i].to, (int)rank->combine,
+                  (int)expert->combine, cases[i].rank, cases[i].expert);
         symm_manifest_close(m);
+    }
+    static const struct {
+        const char *from, *to, *why;
+    } bad[] = {
+        {"\"layout\": \"expert\",", "\"layout\": \"expert\", \"combine\": \"auto\",",
+         "variant tiny_expert_fp8: field combine: got \"auto\", expected push or pull with layout expert (auto is "
+         "for layout rank only)"},
+        {"\"combine\": \"push\"", "\"combine\": \"automatic\"",
+         "variant tiny_rank: field combine: got \"automatic\", expected push, pull or auto"},
+    };
+    for (size_t i = 0; i < SYMM_ARRAY_LEN(bad); i++) {
+        symm_manifest *m;
+        const symm_variant_desc *rank, *expert;
+        symm_status st = open_edited(&s, text, bad[i].from, bad[i].to, &m, &rank, &expert);
+        cr_assert(st == SYMM_ERR_INVALID_ARG && strstr(symm_last_error(), bad[i].why),
+                  "%s: got %s (%s), expected SYMM_ERR_INVALID_ARG naming: %s", bad[i].to, symm_status_name(st),
+                  symm_last_error(), bad[i].why);
     }
     free(text);
     wf_rmtree(s.dir);
@@ -437,7 +459,7 @@ static void random_variant(uint64_t *rng, int index, sg_variant *v)
     v->capacity = 1 + (int64_t)below(rng, (uint64_t)sg_worst_capacity(v));
     v->capacity_set = true;
     v->sms = 1 + (int)below(rng, 132);
-    v->combine_pull = below(rng, 2);
+    v->combine = v->layout == SYMM_LAYOUT_RANK ? (symm_combine_mode)below(rng, 3) : (symm_combine_mode)below(rng, 2);
     v->combine_order = v->layout == SYMM_LAYOUT_EXPERT && below(rng, 2) ? SYMM_COMBINE_ORDER_K : SYMM_COMBINE_ORDER_RANK;
 }
 
@@ -463,7 +485,7 @@ static void expect_desc_of(const symm_variant_desc *d, const sg_variant *v, cons
               d->max_tokens == v->max_tokens, "%s: shape differs", v->name);
     cr_assert(d->dtype == v->dtype && d->combine_dtype == v->combine_dtype && d->layout == v->layout &&
               d->weights == (int)v->weights && d->align == v->align && d->sms == v->sms &&
-              d->combine_pull == (int)v->combine_pull, "%s: kind differs", v->name);
+              d->combine == v->combine, "%s: kind differs", v->name);
     cr_assert(d->capacity == v->capacity && d->worst_capacity == l.worst_capacity, "%s: capacity %lld/%lld",
               v->name, (long long)d->capacity, (long long)d->worst_capacity);
     cr_assert(d->symmetric_bytes == l.symmetric_bytes && d->scratch_bytes == l.scratch_bytes, "%s: sizes", v->name);
@@ -502,7 +524,8 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
         const uint64_t words = bins + (rank && v.experts <= 1024 ? (uint64_t)(v.experts / v.world) : 0);
         const uint64_t slots = rank ? W * T : T * K;
         const uint64_t celt = (uint64_t)symm_dtype_size(v.combine_dtype);
-        const bool pull = v.combine_pull;
+        /* With "auto", both forms' regions and the pull's signals. */
+        const bool pull = v.combine != SYMM_COMBINE_PUSH, push = v.combine != SYMM_COMBINE_PULL;
         /* A pushing combine of layout expert by rank has a second signal
          * kind: the peers' warps that have stored their partial sums. */
         const bool grouped = !rank && v.combine_order == SYMM_COMBINE_ORDER_RANK;
@@ -514,8 +537,8 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
             {SYMM_REGION_COUNTS, 2 * W * (uint64_t)v.sms * words * 8},
             {SYMM_REGION_RECV_X, cap * H * (uint64_t)symm_dtype_size(v.dtype)},
             {SYMM_REGION_RECV_SRC, cap * 16},
-            {SYMM_REGION_COMBINE_IN, pull ? 0 : slots * H * celt},
-            {SYMM_REGION_COMBINE_FLAGS, pull ? 0 : slots * 8},
+            {SYMM_REGION_COMBINE_IN, push ? slots * H * celt : 0},
+            {SYMM_REGION_COMBINE_FLAGS, push ? slots * 8 : 0},
             {SYMM_REGION_Y, pull ? cap * H * celt : 0},
             /* The chain lists, then with combine_order rank a group word a row. */
             {SYMM_REGION_RECV_CHAIN, rank ? 0 : cap * (v.combine_order == SYMM_COMBINE_ORDER_K ? K - 1 : K) * 4},
@@ -703,10 +726,10 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"layout\": \"rank\"", "\"layout\": \"Rank\"", "variant tiny_rank: field layout: got \"Rank\", expected rank or expert"},
         {"\"weights\": true", "\"weights\": 1", "variant tiny_rank: field weights: got 1, expected true or false"},
         {"\"combine\": \"push\"", "\"combine\": \"sideways\"",
-         "variant tiny_rank: field combine: got \"sideways\", expected push or pull"},
-        {"\"combine\": \"push\"", "\"combine\": \"Pull\"", "variant tiny_rank: field combine: got \"Pull\", expected push or pull"},
-        {"\"combine\": \"push\"", "\"combine\": true", "variant tiny_rank: field combine: got true, expected push or pull"},
-        {"\"combine\": \"push\"", "\"combine\": null", "variant tiny_rank: field combine: got null, expected push or pull"},
+         "variant tiny_rank: field combine: got \"sideways\", expected push, pull or auto"},
+        {"\"combine\": \"push\"", "\"combine\": \"Pull\"", "variant tiny_rank: field combine: got \"Pull\", expected push, pull or auto"},
+        {"\"combine\": \"push\"", "\"combine\": true", "variant tiny_rank: field combine: got true, expected push, pull or auto"},
+        {"\"combine\": \"push\"", "\"combine\": null", "variant tiny_rank: field combine: got null, expected push, pull or auto"},
         {"\"combine\": \"push\",", "\"combine\": \"push\", \"combine\": \"pull\",",
          "variant tiny_rank: field combine: given 2 times, expected once"},
         {"\"world\": 2", "\"world\": 3", "variant tiny_rank: field experts: got 8, expected a multiple of world (3)"},
@@ -753,8 +776,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"f12d", "\"source_sha256\": \"F12D",
-         "variant tiny_rank: field source_sha256: got \"F12Db3e6425dad04a338caa6a7d4be9e5cddcd20\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"e759", "\"source_sha256\": \"E759",
+         "variant tiny_rank: field source_sha256: got \"E75940ac325712a53305c48d6bcaf69142d63d1b\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1326,8 +1349,9 @@ static void expect_stub_matches(const symm_variant_desc *d, const char *stub)
                    ".max_tokens = %d,", d->hidden, d->topk, d->experts, d->world, d->max_tokens);
     expect_in_stub(stub, n, ".dtype = %s,\n    .combine_dtype = %s,\n    .layout = %s,", dtype_enum[d->dtype],
                    dtype_enum[d->combine_dtype], d->layout == SYMM_LAYOUT_RANK ? "SYMM_LAYOUT_RANK" : "SYMM_LAYOUT_EXPERT");
-    expect_in_stub(stub, n, ".weights = %d,\n    .combine_pull = %d,\n    .combine_order = %s,\n    .align = %d,\n    .sms = %d,",
-                   d->weights, d->combine_pull,
+    static const char *const combine_enum[] = {"SYMM_COMBINE_PUSH", "SYMM_COMBINE_PULL", "SYMM_COMBINE_AUTO"};
+    expect_in_stub(stub, n, ".weights = %d,\n    .combine = %s,\n    .combine_order = %s,\n    .align = %d,\n    .sms = %d,",
+                   d->weights, combine_enum[d->combine],
                    d->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK", d->align,
                    d->sms);
     expect_in_stub(stub, n, ".capacity = %lld,\n    .worst_capacity = %lld,", (long long)d->capacity,
@@ -1632,7 +1656,8 @@ Test(manifest, descriptor_must_match_the_constants_of_its_source)
         PERTURB("sms", e.sms += 1);
         PERTURB("layout", e.layout = e.layout == SYMM_LAYOUT_RANK ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK);
         PERTURB("weights", e.weights = !e.weights);
-        PERTURB("combine", e.combine_pull = !e.combine_pull);
+        PERTURB("combine", e.combine = e.combine == SYMM_COMBINE_PUSH ? SYMM_COMBINE_PULL : SYMM_COMBINE_PUSH);
+        PERTURB("combine", e.combine = e.combine == SYMM_COMBINE_AUTO ? SYMM_COMBINE_PUSH : SYMM_COMBINE_AUTO);
         PERTURB("dtype", e.dtype = e.dtype == SYMM_DTYPE_BF16 ? SYMM_DTYPE_FP16 : SYMM_DTYPE_BF16);
         PERTURB("combine_dtype",
                 e.combine_dtype = e.combine_dtype == SYMM_DTYPE_FP32 ? SYMM_DTYPE_BF16 : SYMM_DTYPE_FP32);
@@ -1665,10 +1690,13 @@ Test(manifest, descriptor_must_match_the_constants_of_its_source)
     symm_manifest_close(m);
 }
 
-/* combine = "pull" against the source's COMBINE_PULL: a pulling descriptor
- * with a pushing source (or the other way round) would have its peers read
- * a y that was never offered, or wait on flags nobody sets. */
-Test(manifest, combine_pull_must_match_the_sources_constant)
+/* combine against the source's COMBINE_AUTO and COMBINE_PULL: a pulling
+ * descriptor with a pushing source (or the other way round) would have its
+ * peers read a y that was never offered, or wait on flags nobody sets; an
+ * "auto" descriptor needs the source of both forms (COMBINE_PULL the
+ * program's: SYMM_PART == 4), whose runtime launches one kernel or the
+ * other. */
+Test(manifest, combine_must_match_the_sources_constants)
 {
     symm_manifest *m;
     const symm_variant_desc *d;
@@ -1676,34 +1704,61 @@ Test(manifest, combine_pull_must_match_the_sources_constant)
     const char *names[] = {"tiny_rank", "tiny_expert_fp8"};
     for (size_t v = 0; v < 2; v++) {
         cr_assert_eq(symm_manifest_variant(m, names[v], &d), SYMM_OK, "%s", symm_last_error());
-        cr_assert_eq(d->combine_pull, 0);
+        cr_assert_eq(d->combine, SYMM_COMBINE_PUSH);
         symm_variant_desc e = *d;
         char want[256];
-        /* A pushing source: only combine_pull 0 passes. */
-        e.combine_pull = 1;
+        /* A pushing source: only SYMM_COMBINE_PUSH passes. */
+        e.combine = SYMM_COMBINE_PULL;
         expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
                        "descriptor field combine is true, its CUDA source was generated with "
                        "\"constexpr bool COMBINE_PULL = false;\"");
-        /* The same source made to pull: now only combine_pull 1 passes. */
+        e.combine = SYMM_COMBINE_AUTO;
+        expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
+                       "descriptor field combine is true, its CUDA source was generated with "
+                       "\"constexpr bool COMBINE_AUTO = false;\"");
+        /* The same source made to pull: now only SYMM_COMBINE_PULL passes. */
         char *src = replace_once(d->source, "\nconstexpr bool COMBINE_PULL = false;\n",
                                  "\nconstexpr bool COMBINE_PULL = true;\n");
         e.source = src;
-        e.combine_pull = 1;
+        e.combine = SYMM_COMBINE_PULL;
         cr_assert_eq(symm_desc_check_source(&e), SYMM_OK, "%s: %s", names[v], symm_last_error());
-        e.combine_pull = 0;
+        e.combine = SYMM_COMBINE_PUSH;
         expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
                        "descriptor field combine is false, its CUDA source was generated with "
                        "\"constexpr bool COMBINE_PULL = true;\"");
+        free(src);
+        /* The source of both forms: only SYMM_COMBINE_AUTO passes. */
+        char *half = replace_once(d->source, "\nconstexpr bool COMBINE_PULL = false;\n",
+                                  "\nconstexpr bool COMBINE_PULL = SYMM_PART == 4;\n");
+        src = replace_once(half, "\nconstexpr bool COMBINE_AUTO = false;\n", "\nconstexpr bool COMBINE_AUTO = true;\n");
+        free(half);
+        e.source = src;
+        e.combine = SYMM_COMBINE_AUTO;
+        cr_assert_eq(symm_desc_check_source(&e), SYMM_OK, "%s: %s", names[v], symm_last_error());
+        for (int mode = SYMM_COMBINE_PUSH; mode <= SYMM_COMBINE_PULL; mode++) {
+            e.combine = (symm_combine_mode)mode;
+            expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant",
+                           "descriptor field combine is false, its CUDA source was generated with "
+                           "\"constexpr bool COMBINE_AUTO = true;\"");
+        }
         free(src);
         /* A source from before combine = "pull": no constant at all. */
         src = replace_once(d->source, "\nconstexpr bool COMBINE_PULL = false;\n", "\n");
         e.source = src;
         for (int pull = 0; pull < 2; pull++) {
-            e.combine_pull = pull;
+            e.combine = pull ? SYMM_COMBINE_PULL : SYMM_COMBINE_PUSH;
             snprintf(want, sizeof want, "variant %s: its CUDA source declares no \"constexpr bool COMBINE_PULL = \" "
                      "(descriptor field combine: %s)", names[v], pull ? "true" : "false");
             expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant", want);
         }
+        free(src);
+        /* A source from before combine = "auto". */
+        src = replace_once(d->source, "\nconstexpr bool COMBINE_AUTO = false;\n", "\n");
+        e.source = src;
+        e.combine = SYMM_COMBINE_PUSH;
+        snprintf(want, sizeof want, "variant %s: its CUDA source declares no \"constexpr bool COMBINE_AUTO = \" "
+                 "(descriptor field combine: false)", names[v]);
+        expect_failure(symm_desc_check_source(&e), SYMM_ERR_MISMATCH, "symm_variant_create: variant", want);
         free(src);
     }
     symm_manifest_close(m);

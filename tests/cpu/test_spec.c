@@ -228,7 +228,10 @@ Test(spec, valid_variant_keeps_every_field)
     static const char *const dtypes[] = { "bf16", "fp16", "fp32", "fp8_e4m3" };
     shape s = random_shape();
     int dt = (int)rnd(0, 3), ct = (int)rnd(0, 2), expert = (int)rnd(0, 1), weights = (int)rnd(0, 1);
-    int align = expert ? (int)rnd(2, 256) : 1, sms = (int)rnd(1, 1024), pull = (int)rnd(0, 1);
+    int align = expert ? (int)rnd(2, 256) : 1, sms = (int)rnd(1, 1024);
+    /* push, pull, or (layout rank only) auto */
+    int mode = (int)rnd(0, expert ? 1 : 2);
+    static const char *const modes[] = { "push", "pull", "auto" };
     int order_k = expert ? (int)rnd(0, 1) : 0;
     int64_t worst = expert ? worst_expert(&s, align) : worst_rank(&s);
     int64_t capacity = (int64_t)rnd(1, (unsigned)worst);
@@ -236,7 +239,7 @@ Test(spec, valid_variant_keeps_every_field)
         "%slayout { %s, dtype = \"%s\", combine_dtype = \"%s\", layout = \"%s\",\n"
         "  weights = %s, align = %d, sms = %d, capacity = %lld, combine = \"%s\", combine_order = \"%s\" }\n",
         padding(), fields(&s), dtypes[dt], dtypes[ct], expert ? "expert" : "rank",
-        weights ? "true" : "false", align, sms, (long long)capacity, pull ? "pull" : "push", order_k ? "k" : "rank");
+        weights ? "true" : "false", align, sms, (long long)capacity, modes[mode], order_k ? "k" : "rank");
 
     cr_assert(load(path) == 0, "load failed:\n%s", messages());
     cr_assert(diag.count == 0, "a valid spec left messages:\n%s", messages());
@@ -259,8 +262,8 @@ Test(spec, valid_variant_keeps_every_field)
               align, sms);
     cr_expect(v->capacity == capacity && v->capacity_set, "capacity %lld (set %d), expected %lld",
               (long long)v->capacity, v->capacity_set, (long long)capacity);
-    cr_expect(v->combine_pull == (bool)pull, "combine_pull %d, expected %d (combine = \"%s\")", v->combine_pull,
-              pull, pull ? "pull" : "push");
+    cr_expect(v->combine == (symm_combine_mode)mode, "combine %s, expected %s", sg_combine_name(v->combine),
+              modes[mode]);
     cr_expect(v->combine_order == (order_k ? SYMM_COMBINE_ORDER_K : SYMM_COMBINE_ORDER_RANK),
               "combine_order %d, expected %s", (int)v->combine_order, order_k ? "k" : "rank");
 }
@@ -308,7 +311,12 @@ Test(spec, defaults_are_applied)
         cr_expect(v->weights, "variant %d: weights default to true", i);
         cr_expect(v->sms == 24, "variant %d: sms %d, expected 24", i, v->sms);
         cr_expect(v->align == 1, "variant %d: align %d, expected 1", i, v->align);
-        cr_expect(!v->combine_pull, "variant %d: combine defaults to \"push\"", i);
+        /* "auto" for layout rank from SG_AUTO_MIN_TOKENS tokens, else "push". */
+        const symm_combine_mode mode = i != 4 && shapes[i]->max_tokens >= SG_AUTO_MIN_TOKENS ? SYMM_COMBINE_AUTO
+                                                                                           : SYMM_COMBINE_PUSH;
+        cr_expect(v->combine == mode, "variant %d (max_tokens %d, layout %s): combine %s, expected %s", i,
+                  shapes[i]->max_tokens, sg_layout_name(v->layout), sg_combine_name(v->combine),
+                  sg_combine_name(mode));
         cr_expect(v->combine_order == SYMM_COMBINE_ORDER_RANK, "variant %d: combine_order defaults to \"rank\"", i);
         cr_expect(v->layout == (i == 4 ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK), "variant %d: layout %s", i,
                   sg_layout_name(v->layout));
@@ -440,9 +448,9 @@ Test(spec, wrong_type_names_value_and_expectation)
         { "sms", "\"a\\nb\\1\"", "\"a\\nb\\x01\"", "an integer 1..1024" },
         { "align", "2.5", "2.5", "an integer 1..4096" },
         { "capacity", "\"all\"", "\"all\"", "an integer > 0" },
-        { "combine", "\"pul\"", "\"pul\"", "\"push\" or \"pull\"" },
-        { "combine", "1", "1", "\"push\" or \"pull\"" },
-        { "combine", "true", "true", "\"push\" or \"pull\"" },
+        { "combine", "\"pul\"", "\"pul\"", "\"push\", \"pull\" or \"auto\"" },
+        { "combine", "1", "1", "\"push\", \"pull\" or \"auto\"" },
+        { "combine", "true", "true", "\"push\", \"pull\" or \"auto\"" },
         { "combine_order", "\"K\"", "\"K\"", "\"rank\" or \"k\"" },
     };
     const int n = sizeof cases / sizeof cases[0];
@@ -1431,37 +1439,111 @@ Test(spec, bad_overrides_are_named)
     expect_count(5);
 }
 
-/* -D combine=pull (or push) sets every variant's combine, whatever its spec
- * wrote; a value other than push or pull is refused once, naming the -D. */
+/* -D combine=pull, push or auto sets every variant's combine, whatever its
+ * spec wrote (auto: every variant of layout rank; a layout expert variant
+ * is refused, naming the -D); a value other than those is refused once,
+ * naming the -D and the three values. */
 Test(spec, combine_override_sets_every_variant)
 {
-    shape a = random_shape(), b = random_shape(), c = random_shape();
+    shape a = random_shape(), b = random_shape(), c = random_shape(), d = random_shape();
+    a.max_tokens = (int)rnd(1, SG_AUTO_MIN_TOKENS - 1);
     const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s, combine = \"pull\" }\n"
-                                  "layout { %s, combine = \"push\", layout = \"expert\" }\n",
-                                  padding(), fields(&a), fields(&b), fields(&c));
+                                  "layout { %s, combine = \"push\", layout = \"expert\" }\n"
+                                  "layout { %s, combine = \"auto\" }\n",
+                                  padding(), fields(&a), fields(&b), fields(&c), fields(&d));
     cr_assert(load(path) == 0, "load failed:\n%s", messages());
-    cr_assert(spec.count == 3);
-    cr_expect(!spec.variants[0].combine_pull && spec.variants[1].combine_pull && !spec.variants[2].combine_pull,
-              "as written: combine_pull %d %d %d, expected 0 1 0", spec.variants[0].combine_pull,
-              spec.variants[1].combine_pull, spec.variants[2].combine_pull);
-    static const char *const values[] = { "pull", "push" };
+    cr_assert(spec.count == 4);
+    const symm_combine_mode written[] = { SYMM_COMBINE_PUSH, SYMM_COMBINE_PULL, SYMM_COMBINE_PUSH, SYMM_COMBINE_AUTO };
+    for (size_t i = 0; i < spec.count; i++)
+        cr_expect(spec.variants[i].combine == written[i], "as written: variant %zu: combine %s, expected %s", i,
+                  sg_combine_name(spec.variants[i].combine), sg_combine_name(written[i]));
+    static const char *const values[] = { "push", "pull" };
     for (int k = 0; k < 2; k++) {
         sg_override ov[] = { { "combine", values[k] } };
         cr_assert(load_with(path, ov, 1) == 0, "-D combine=%s:\n%s", values[k], messages());
-        cr_assert(spec.count == 3);
+        cr_assert(spec.count == 4);
         for (size_t i = 0; i < spec.count; i++)
-            cr_expect(spec.variants[i].combine_pull == (k == 0), "-D combine=%s: variant %zu: combine_pull %d",
-                      values[k], i, spec.variants[i].combine_pull);
+            cr_expect(spec.variants[i].combine == (symm_combine_mode)k, "-D combine=%s: variant %zu: combine %s",
+                      values[k], i, sg_combine_name(spec.variants[i].combine));
     }
+    sg_override to_auto[] = { { "combine", "auto" } };
+    cr_assert(load_with(path, to_auto, 1) == -1, "-D combine=auto was accepted for a layout expert variant");
+    expect_message("%s:%d: variant %s: field combine: got \"auto\", expected \"push\" or \"pull\" with layout "
+                   "\"expert\" (\"auto\", both forms chosen per call by where y lies, is for layout \"rank\": "
+                   "layout expert's pushing combine is the faster at every size measured, docs/spec.md) "
+                   "(from -D combine=auto)", path, pad_lines + 3, c.name);
+    expect_count(1);
     static const struct { const char *value, *shown; } bad[] = {
-        { "pul", "\"pul\"" }, { "PULL", "\"PULL\"" }, { "1", "1" }, { "true", "true" },
+        { "pul", "\"pul\"" }, { "PULL", "\"PULL\"" }, { "1", "1" }, { "true", "true" }, { "Auto", "\"Auto\"" },
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         sg_override ov[] = { { "combine", bad[k].value } };
         cr_assert(load_with(path, ov, 1) == -1, "-D combine=%s was accepted", bad[k].value);
-        expect_message("-D combine=%s: got %s, expected \"push\" or \"pull\"", bad[k].value, bad[k].shown);
+        expect_message("-D combine=%s: got %s, expected \"push\", \"pull\" or \"auto\"", bad[k].value,
+                       bad[k].shown);
         expect_count(1);
     }
+}
+
+/* A spec's bad combine names the field, the value and the three values. */
+Test(spec, unknown_combine_lists_push_pull_and_auto)
+{
+    shape a = random_shape();
+    const char *path = write_file("spec.lua", "%slayout { %s, combine = \"pulll\" }\n", padding(), fields(&a));
+    cr_assert(load(path) == -1);
+    expect_message("%s:%d: variant %s: field combine: got \"pulll\", expected \"push\", \"pull\" or \"auto\"",
+                   path, pad_lines + 1, a.name);
+    expect_count(1);
+}
+
+/* combine = "auto" (both forms, chosen per call by where y lies) is for
+ * layout rank: with layout expert it is refused, saying why. */
+Test(spec, combine_auto_is_for_layout_rank_only)
+{
+    shape a = random_shape(), b = random_shape();
+    const char *path = write_file("spec.lua", "layout { %s, combine = \"auto\" }\n"
+                                  "layout { %s, layout = \"expert\", combine = \"auto\" }\n",
+                                  fields(&a), fields(&b));
+    cr_assert(load(path) == -1);
+    expect_message("%s:2: variant %s: field combine: got \"auto\", expected \"push\" or \"pull\" with layout "
+                   "\"expert\" (\"auto\", both forms chosen per call by where y lies, is for layout \"rank\": "
+                   "layout expert's pushing combine is the faster at every size measured, docs/spec.md)",
+                   path, b.name);
+    expect_count(1);
+}
+
+/* The default of combine follows layout and max_tokens: "auto" for layout
+ * rank from SG_AUTO_MIN_TOKENS (1024) tokens a rank up, "push" below it and
+ * for layout expert at any size; -D max_tokens moves a variant across. */
+Test(spec, combine_defaults_to_auto_for_prefill_sized_layout_rank)
+{
+    shape s[5];
+    for (int i = 0; i < 5; i++)
+        s[i] = random_shape();
+    const int tokens[] = { SG_AUTO_MIN_TOKENS - 1, SG_AUTO_MIN_TOKENS, (int)rnd(SG_AUTO_MIN_TOKENS + 1, 8192),
+                           (int)rnd(1, SG_AUTO_MIN_TOKENS - 1), (int)rnd(SG_AUTO_MIN_TOKENS, 8192) };
+    for (int i = 0; i < 5; i++)
+        s[i].max_tokens = tokens[i];
+    const char *path = write_file("spec.lua", "layout { %s }\nlayout { %s }\nlayout { %s }\n"
+                                  "layout { %s, layout = \"expert\" }\nlayout { %s, layout = \"expert\" }\n",
+                                  fields(&s[0]), fields(&s[1]), fields(&s[2]), fields(&s[3]), fields(&s[4]));
+    cr_assert(load(path) == 0, "%s", messages());
+    const symm_combine_mode want[] = { SYMM_COMBINE_PUSH, SYMM_COMBINE_AUTO, SYMM_COMBINE_AUTO, SYMM_COMBINE_PUSH,
+                                       SYMM_COMBINE_PUSH };
+    for (int i = 0; i < 5; i++)
+        cr_expect(spec.variants[i].combine == want[i], "variant %d (max_tokens %d, layout %s): combine %s, expected %s",
+                  i, tokens[i], sg_layout_name(spec.variants[i].layout), sg_combine_name(spec.variants[i].combine),
+                  sg_combine_name(want[i]));
+    /* -D max_tokens applies before the default is taken. */
+    sg_override up[] = { { "max_tokens", "4096" } }, down[] = { { "max_tokens", "128" } };
+    cr_assert(load_with(path, up, 1) == 0, "%s", messages());
+    for (int i = 0; i < 5; i++)
+        cr_expect(spec.variants[i].combine == (i < 3 ? SYMM_COMBINE_AUTO : SYMM_COMBINE_PUSH),
+                  "-D max_tokens=4096: variant %d: combine %s", i, sg_combine_name(spec.variants[i].combine));
+    cr_assert(load_with(path, down, 1) == 0, "%s", messages());
+    for (int i = 0; i < 5; i++)
+        cr_expect(spec.variants[i].combine == SYMM_COMBINE_PUSH, "-D max_tokens=128: variant %d: combine %s", i,
+                  sg_combine_name(spec.variants[i].combine));
 }
 
 /* -D takes numbers as a spec writes them: 7168.0 and 0x8 are integers. */
@@ -1667,7 +1749,11 @@ static bool has_world(const sg_variant *v, int w) { return v->world == w; }
 static bool capped_in_world(const sg_variant *v, int w) { return v->world == w && v->capacity_set; }
 static bool aligned(const sg_variant *v, int a) { return v->layout == SYMM_LAYOUT_EXPERT && v->align >= a; }
 static bool few_sms_in_world(const sg_variant *v, int w) { return v->world == w && v->sms <= 4; }
-static bool pulls_in_world(const sg_variant *v, int w) { return v->world == w && v->combine_pull; }
+static bool pulls_in_world(const sg_variant *v, int w) { return v->world == w && v->combine == SYMM_COMBINE_PULL; }
+static bool auto_in_world(const sg_variant *v, int w)
+{
+    return v->world == w && v->combine == SYMM_COMBINE_AUTO && !v->capacity_set && !v->companion_hosts;
+}
 static bool pulls_rank_in_world(const sg_variant *v, int w)
 {
     return pulls_in_world(v, w) && v->layout == SYMM_LAYOUT_RANK;
@@ -1692,7 +1778,7 @@ Test(spec, default_spec_covers_the_matrix)
     cr_expect(companions >= 2 && companions <= 6 && of_one_rank >= 1 && of_expert >= 1,
               "%zu companions (%zu of one rank, %zu of layout expert), expected 2..6 with one of each", companions,
               of_one_rank, of_expert);
-    cr_expect(spec.count - companions >= 12 && spec.count - companions <= 28, "%zu variants, expected 12..28",
+    cr_expect(spec.count - companions >= 12 && spec.count - companions <= 30, "%zu variants, expected 12..30",
               spec.count - companions);
     for (int d = SYMM_DTYPE_BF16; d <= SYMM_DTYPE_FP8_E4M3; d++)
         cr_expect(count_if(has_dtype, d) > 0, "no %s variant", sg_dtype_name((symm_dtype)d));
@@ -1710,6 +1796,9 @@ Test(spec, default_spec_covers_the_matrix)
         cr_expect(count_if(pulls_rank_in_world, w) > 0 && count_if(pulls_expert_in_world, w) > 0,
                   "world %d needs a variant with combine = \"pull\" in each layout (rank %d, expert %d)", w,
                   count_if(pulls_rank_in_world, w), count_if(pulls_expert_in_world, w));
+    for (int w = 2; w <= 4; w += 2)
+        cr_expect(count_if(auto_in_world, w) > 0, "world %d needs a variant with combine = \"auto\" at full "
+                  "capacity (tests/gpu/test_variant.c picks it)", w);
     for (size_t i = 0; i < spec.count; i++) {
         const sg_variant *v = &spec.variants[i];
         if (v->companion_hosts) /* its parent's shape on one host (spec.c) */
@@ -2051,9 +2140,44 @@ Test(spec, hosts_add_a_companion_per_host_count_after_the_variant)
         cr_expect(c->hidden == v->hidden && c->topk == v->topk && c->dtype == v->dtype &&
                   c->combine_dtype == v->combine_dtype && c->layout == v->layout && c->align == v->align &&
                   c->sms == 7 && c->weights == v->weights && c->n_hosts == 0 && c->n_companions == 0);
+        /* The parent's combine, not the default of the companion's own
+         * max_tokens (H times the parent's). */
+        cr_expect(c->combine == v->combine, "%s: combine %s, its parent's %s", c->name, sg_combine_name(c->combine),
+                  sg_combine_name(v->combine));
     }
     cr_expect_str_eq(spec.variants[3].name, t.name);
     cr_expect(spec.variants[3].n_companions == 0 && spec.variants[3].companion_hosts == 0);
+}
+
+/* A companion takes its parent's combine: a layout rank parent below
+ * max_tokens 1024 pushes, and so does its companion of H * max_tokens >=
+ * 1024 tokens; a parent of combine = "auto" (written or by default) gives
+ * companions of "auto", whose hosts then pull or push by where y lies. */
+Test(spec, hosts_companions_take_the_parents_combine)
+{
+    const char *path = write_file("spec.lua",
+        "layout { name = \"small\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2, 4 } }\n"
+        "layout { name = \"big\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2 } }\n"
+        "layout { name = \"set\", hidden = 256, topk = 2, experts = 8, world = 2, max_tokens = %d, combine = \"auto\","
+        " hosts = { 2 } }\n",
+        (int)rnd(SG_AUTO_MIN_TOKENS / 2, SG_AUTO_MIN_TOKENS - 1), (int)rnd(SG_AUTO_MIN_TOKENS, 8192),
+        (int)rnd(1, 512));
+    cr_assert(load(path) == 0, "%s", messages());
+    cr_assert_eq(spec.count, 7);
+    static const struct {
+        const char *name;
+        symm_combine_mode combine;
+    } want[] = {
+        {"small", SYMM_COMBINE_PUSH}, {"small_h2", SYMM_COMBINE_PUSH}, {"small_h4", SYMM_COMBINE_PUSH},
+        {"big", SYMM_COMBINE_AUTO},   {"big_h2", SYMM_COMBINE_AUTO},   {"set", SYMM_COMBINE_AUTO},
+        {"set_h2", SYMM_COMBINE_AUTO},
+    };
+    for (size_t i = 0; i < spec.count; i++) {
+        cr_expect_str_eq(spec.variants[i].name, want[i].name);
+        cr_expect(spec.variants[i].combine == want[i].combine, "%s (max_tokens %d): combine %s, expected %s",
+                  spec.variants[i].name, spec.variants[i].max_tokens, sg_combine_name(spec.variants[i].combine),
+                  sg_combine_name(want[i].combine));
+    }
 }
 
 /* World 2 on 2 hosts: a companion of world 1 (two hosts of one GPU). */

@@ -103,7 +103,7 @@ static void value(text *t)
         "0", "-1", "1", "2", "16", "17", "128", "7168", "7168.0", "7168.5", "2^31", "2^53", "2^63", "-2^63",
         "2^64", "1e308", "-0.0", "0/0", "1/0", "-1/0", "math.huge", "math.maxinteger", "math.mininteger",
         "0x7fffffffffffffff", "true", "false", "nil", "{}", "{ 1, 2 }", "function() end", "\"\"", "\"bf16\"",
-        "\"fp16\"", "\"fp32\"", "\"fp8_e4m3\"", "\"rank\"", "\"expert\"", "\"push\"", "\"pull\"", "\"BF16\"",
+        "\"fp16\"", "\"fp32\"", "\"fp8_e4m3\"", "\"rank\"", "\"expert\"", "\"push\"", "\"pull\"", "\"auto\"", "\"BF16\"",
         "\"a\\0b\"", "\"\\xff\\xfe\"", "\"\\27[2J\"", "\"\\n\\r\\t\"", "\"x\" .. (\"y\"):rep(300)",
         "setmetatable({}, { __index = function() return 1 end })", "string.rep(\"a\", 64)",
         "\"symm_x\"", "\"_x\"", "\"int\"", "\"x_t\"", "\"cuInit\"", "\"NULL\"", "\"malloc\"",
@@ -325,7 +325,7 @@ static void make_overrides(sg_override *ov, size_t *n, char (*values)[64])
 {
     static const char *const vals[] = {
         "1", "0", "-1", "17", "2", "128", "7168", "7168.0", "0x10", "1e3", "1.5", "9223372036854775808",
-        "bf16", "fp8_e4m3", "expert", "pull", "push", "rank", "k", "true", "false", "", "x\x1by", "\xff",
+        "bf16", "fp8_e4m3", "expert", "pull", "push", "auto", "rank", "k", "true", "false", "", "x\x1by", "\xff",
     };
     *n = chance(70) ? 0 : 1 + below(3);
     for (size_t i = 0; i < *n; i++) {
@@ -375,7 +375,8 @@ static void check_variants(const sg_spec *s)
         const sg_variant *v = &s->variants[i];
         bool ok = v->name[0] && v->hidden > 0 && v->topk >= 1 && v->topk <= 16 && v->topk <= v->experts &&
                   (v->world >= 2 || (v->companion_hosts && v->world >= 1)) && v->experts % v->world == 0 && v->max_tokens > 0 && v->capacity >= 1 &&
-                  v->capacity <= sg_worst_capacity(v) && v->align >= 1 && v->sms >= 1 && v->file;
+                  v->capacity <= sg_worst_capacity(v) && v->align >= 1 && v->sms >= 1 && v->file &&
+                  (v->combine != SYMM_COMBINE_AUTO || v->layout == SYMM_LAYOUT_RANK);
         /* A companion: its parent's shape on one host, right after it or its other companions. */
         if (v->companion_hosts) {
             const sg_variant *p = v - 1;
@@ -384,11 +385,12 @@ static void check_variants(const sg_spec *s)
             ok = ok && strcmp(p->name, v->companion_of) == 0 && v->world * v->companion_hosts == p->world &&
                  v->experts * v->companion_hosts == p->experts &&
                  v->max_tokens == v->companion_hosts * p->max_tokens && v->capacity == p->capacity &&
-                 sg_worst_capacity(v) == sg_worst_capacity(p) && p->combine_order == SYMM_COMBINE_ORDER_RANK;
+                 sg_worst_capacity(v) == sg_worst_capacity(p) && p->combine_order == SYMM_COMBINE_ORDER_RANK &&
+                 v->combine == p->combine;
         }
         cr_assert(ok, "variant %zu (%s) breaks the rules: hidden %d topk %d experts %d world %d max_tokens %d "
-                  "capacity %lld align %d sms %d\n%s", i, v->name, v->hidden, v->topk, v->experts, v->world,
-                  v->max_tokens, (long long)v->capacity, v->align, v->sms, report);
+                  "capacity %lld align %d sms %d combine %s\n%s", i, v->name, v->hidden, v->topk, v->experts, v->world,
+                  v->max_tokens, (long long)v->capacity, v->align, v->sms, sg_combine_name(v->combine), report);
     }
 }
 

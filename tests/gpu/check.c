@@ -153,6 +153,10 @@ static void free_inputs(inputs *in)
 /* ---- device buffers of one rank ----------------------------------------- */
 typedef struct dev_inputs {
     CUdeviceptr x, scales, topk, weights, tokens, y, out;
+    /* y's two places: the variant's region y (combine = "pull" or "auto":
+     * where the peers read it) and one of this rank's own (ordinary device
+     * memory; "push" or "auto"); y is the one the next call uses. */
+    CUdeviceptr y_sym, y_own;
 } dev_inputs;
 
 static CUdeviceptr dalloc(size_t n)
@@ -581,17 +585,18 @@ static void setup_case(world_case *wc, const symm_variant_desc *d)
     wc->dev.topk = dalloc(T * K * 4);
     wc->dev.weights = dalloc(T * K * 4);
     wc->dev.tokens = dalloc(4);
-    if (d->combine_pull) {
-        /* combine = "pull": y in the variant's symmetric buffer, where the
-         * peers read it (the region the variant gives for it). */
+    if (d->combine != SYMM_COMBINE_PUSH) {
+        /* combine = "pull" or "auto": y in the variant's symmetric buffer,
+         * where the peers read it (the region the variant gives for it). */
         symm_recv_buffers rb;
         const symm_status rs = symm_variant_recv(wc->v, &rb);
         if (rs != SYMM_OK || !rb.y)
             die("symm_variant_recv (y of a pulling combine)", rs != SYMM_OK ? rs : SYMM_ERR_STATE);
-        wc->dev.y = rb.y;
-    } else {
-        wc->dev.y = dalloc((size_t)d->capacity * H * symm_dtype_size(d->combine_dtype));
+        wc->dev.y_sym = rb.y;
     }
+    if (d->combine != SYMM_COMBINE_PULL)
+        wc->dev.y_own = dalloc((size_t)d->capacity * H * symm_dtype_size(d->combine_dtype));
+    wc->dev.y = wc->dev.y_own ? wc->dev.y_own : wc->dev.y_sym;
     wc->dev.out = dalloc(T * H * symm_dtype_size(d->combine_dtype));
     wc->zipf_cdf = malloc(sizeof(double) * (size_t)d->experts);
     moe_zipf_cdf(wc->zipf_cdf, d->experts);
@@ -603,7 +608,7 @@ static void teardown_case(world_case *wc)
         for (int p = 0; p < wc->d->world; p++)
             symm_ref_recv_free(&wc->pool[p]);
     CUdeviceptr ps[] = {wc->dev.x, wc->dev.scales, wc->dev.topk, wc->dev.weights, wc->dev.tokens,
-                        wc->d->combine_pull ? 0 : wc->dev.y, wc->dev.out};
+                        wc->dev.y_own, wc->dev.out};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         if (ps[i])
             CU(cuMemFree(ps[i]));
@@ -684,6 +689,18 @@ static int time_variant(symm_world *w, world_case *wc, int iters)
     return world_failures(w, f.count) != 0;
 }
 
+/* combine = "auto": the y of case case_id, inside the symmetric buffer
+ * (the pulling form) in odd cases and outside it (the pushing form) in even
+ * ones, the same on every rank, so that consecutive calls change form;
+ * other modes keep their one place. The form's name, for messages. */
+static const char *place_y(world_case *wc, int case_id)
+{
+    if (wc->d->combine != SYMM_COMBINE_AUTO)
+        return wc->d->combine == SYMM_COMBINE_PULL ? "pull" : "push";
+    wc->dev.y = case_id % 2 ? wc->dev.y_sym : wc->dev.y_own;
+    return case_id % 2 ? "auto, y inside: pull" : "auto, y outside: push";
+}
+
 /* One case of the matrix: inputs, a dispatch + combine, every result
  * checked. 1 when it failed on some rank (agreed by all ranks), else 0. */
 static int run_case(symm_world *w, world_case *wc, int case_id, routing how, int batch, uint64_t seed)
@@ -691,6 +708,7 @@ static int run_case(symm_world *w, world_case *wc, int case_id, routing how, int
     host_case *hc = calloc(1, sizeof *hc);
     if (!hc)
         die("run_case", SYMM_ERR_NOMEM);
+    const char *form = place_y(wc, case_id);
     host_case_build(wc, hc, case_id, how, batch);
     upload(wc, hc, batch == 4);
     failures f = {0};
@@ -700,8 +718,8 @@ static int run_case(symm_world *w, world_case *wc, int case_id, routing how, int
     else
         check_results(wc, hc, &f);
     if (f.count)
-        fprintf(stderr, "FAIL %s rank %d routing %s batch %d (T=%d) seed 0x%" PRIx64 ": %s\n", wc->d->name, g_rank,
-                routing_names[how], batch, hc->in[g_rank].tokens, seed, f.first);
+        fprintf(stderr, "FAIL %s rank %d routing %s batch %d (T=%d, combine %s) seed 0x%" PRIx64 ": %s\n",
+                wc->d->name, g_rank, routing_names[how], batch, hc->in[g_rank].tokens, form, seed, f.first);
     const int failed = world_failures(w, f.count) != 0;
     host_case_free(wc, hc);
     free(hc);
@@ -782,7 +800,9 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
         CUgraph graph;
         CUgraphExec exec;
         host_case *hc = calloc(1, sizeof *hc);
-        host_case_build(&wc, hc, ++case_id, R_UNIFORM, 4);
+        /* combine = "auto": the graph freezes y, and with it the form. */
+        const char *form = place_y(&wc, ++case_id);
+        host_case_build(&wc, hc, case_id, R_UNIFORM, 4);
         upload(&wc, hc, true);
         CU(cuStreamBeginCapture(wc.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
         st = run_call(&wc, hc, true);
@@ -801,8 +821,8 @@ static int run_variant(symm_world *w, const options *o, const symm_variant_desc 
             CU(cuGraphLaunch(exec, wc.stream));
             check_results(&wc, hc, &f);
             if (f.count)
-                fprintf(stderr, "FAIL %s rank %d graph replay %d (T=%d) seed 0x%" PRIx64 ": %s\n", d->name, g_rank, i,
-                        hc->in[g_rank].tokens, o->seed, f.first);
+                fprintf(stderr, "FAIL %s rank %d graph replay %d (T=%d, combine %s) seed 0x%" PRIx64 ": %s\n",
+                        d->name, g_rank, i, hc->in[g_rank].tokens, form, o->seed, f.first);
             graph_failed += world_failures(w, f.count) != 0;
             host_case_free(&wc, hc);
             free(hc);

@@ -54,7 +54,8 @@ static void *xmalloc(size_t n)
 typedef struct want {
     int layout, weights, fp8;
     int other_world; /* 1: a variant for another world size than this one */
-    int pull;        /* 1: combine = "pull" (y in the variant's symmetric buffer); 0: push */
+    int combine;     /* symm_combine_mode: 0 push, 1 pull (y in the variant's symmetric buffer),
+                        2 auto (both forms, by where y lies) */
 } want;
 
 static const want ANY = {-1, -1, -1, 0, 0};
@@ -67,7 +68,7 @@ static bool fits(const symm_variant_desc *d, int world, want w)
     if (d->capacity != d->worst_capacity)
         return false;
     return (w.layout < 0 || (int)d->layout == w.layout) && (w.weights < 0 || d->weights == w.weights) &&
-           (w.fp8 < 0 || (d->dtype == SYMM_DTYPE_FP8_E4M3) == w.fp8) && d->combine_pull == w.pull;
+           (w.fp8 < 0 || (d->dtype == SYMM_DTYPE_FP8_E4M3) == w.fp8) && (int)d->combine == w.combine;
 }
 
 /* The variant of the manifest with the smallest symmetric buffer that fits w
@@ -496,7 +497,8 @@ typedef struct gpu_case {
     vcase *k;
     dev_in b;
     CUdeviceptr y, out;
-    bool y_owned; /* y allocated here (else the variant's region y: combine = "pull") */
+    bool y_owned; /* y allocated here (else the variant's region y: combine = "pull"; "auto" takes
+                     y here, pushing, unless a test places it otherwise) */
     symm_dispatch_args args;
 } gpu_case;
 
@@ -510,7 +512,7 @@ static void gpu_case_upload(const vt *t, gpu_case *c, unsigned long long seed, u
     c->k = case_build(d, seed, y_seed, tokens);
     dev_in_alloc(d, &c->b);
     /* combine = "pull": y where the peers read it, the variant's region y. */
-    c->y_owned = !d->combine_pull;
+    c->y_owned = d->combine != SYMM_COMBINE_PULL;
     if (c->y_owned) {
         c->y = y_alloc(d);
     } else {
@@ -877,7 +879,7 @@ static void y_past_symmetric_end(const symm_variant_desc *d, const dev_in *b, sy
     snprintf(needle[1], 96, "symm_recv_buffers.y");
 }
 
-#define PULL_ANY ((want){-1, -1, -1, 0, 1})
+#define PULL_ANY ((want){-1, -1, -1, 0, SYMM_COMBINE_PULL})
 
 Test(variant, pulling_combine_refuses_y_outside_the_symmetric_buffer)
 {
@@ -1135,6 +1137,156 @@ Test(variant, combine_without_its_peers_times_out_naming_one_then_destroy_frees_
 Test(variant, pulling_combine_without_its_peers_times_out_naming_one_then_destroy_frees_everything)
 {
     combine_alone("pull-alone", PULL_ANY);
+}
+
+/* ---- combine = "auto": the form by where y lies --------------------------------------- */
+
+#define AUTO_ANY ((want){SYMM_LAYOUT_RANK, -1, -1, 0, SYMM_COMBINE_AUTO})
+
+/* Where a call of an "auto" variant puts y: its region y, recv_x itself
+ * (both inside the symmetric buffer: the pulling form), or this rank's own
+ * device memory (the pushing form). */
+typedef enum y_place { Y_REGION, Y_RECV_X, Y_OWN } y_place;
+static const char *const y_place_names[] = {"region y (pull)", "recv_x in place (pull)", "own memory (push)"};
+
+/* One correct call of the "auto" variant with y at `where` on every rank,
+ * checked bit for bit against the reference. */
+static void auto_call(vt *t, y_place where, uint64_t calls_before)
+{
+    int tokens[MAX_W];
+    random_tokens(t, tokens, 300 + calls_before);
+    gpu_case c;
+    gpu_case_upload(t, &c, moe_rng_for(t->seed, 6, calls_before).s, t->seed ^ (calls_before * 7 + 1), tokens, false);
+    symm_recv_buffers rb;
+    EXPECT_OK(symm_variant_recv(t->v, &rb));
+    cr_assert(rb.y != 0, "rank %d: %s: combine = \"auto\" but symm_recv_buffers.y is 0", t->c.rank, t->name);
+    gpu_case_poison(t, &c);
+    if (where == Y_REGION)
+        y_upload(t, c.k, rb.y);
+    EXPECT_OK(symm_variant_dispatch(t->v, &c.args, t->stream));
+    const CUdeviceptr y = where == Y_REGION ? rb.y : where == Y_RECV_X ? rb.x : c.y;
+    if (where == Y_RECV_X) {
+        /* The expert work in place: y over the received rows, after dispatch. */
+        EXPECT_OK(symm_variant_stats_read(t->v, t->stream, NULL));
+        expect_recv(t, c.k);
+        y_upload(t, c.k, rb.x);
+    }
+    EXPECT_OK(symm_variant_combine(t->v, (const void *)y, (void *)c.out, t->stream));
+    char what[96];
+    snprintf(what, sizeof what, "combine out, call %" PRIu64 ", y in %s", calls_before + 1, y_place_names[where]);
+    symm_variant_stats s;
+    symm_status st = symm_variant_stats_read(t->v, t->stream, &s);
+    const int me = t->c.rank;
+    cr_assert(st == SYMM_OK && !s.mismatch && s.mismatch_peer == -1 && !s.timed_out && s.calls == calls_before + 1 &&
+                  s.tokens == c.k->in[me].tokens && s.recv_rows == c.k->recv[me].rows,
+              "rank %d: %s: %s: %s (%s), mismatch %d peer %d timed_out %d calls %" PRIu64 " tokens %d rows %d", me,
+              t->name, what, symm_status_name(st), st == SYMM_OK ? "" : symm_last_error(), s.mismatch,
+              s.mismatch_peer, s.timed_out, s.calls, s.tokens, s.recv_rows);
+    if (where != Y_RECV_X) /* (else recv_x holds y now; checked before) */
+        expect_recv(t, c.k);
+    expect_out(t, c.k, c.out, what);
+    gpu_case_free(&c);
+}
+
+/* combine = "auto": consecutive calls pull (y in region y, or in recv_x)
+ * and push (y in this rank's own memory) in turn, every one exact. */
+Test(variant, auto_combine_pulls_with_y_inside_and_pushes_with_y_outside_in_turn)
+{
+    vt t;
+    vt_start(&t, "auto-forms", AUTO_ANY);
+    const bool in_place = t.d->dtype == t.d->combine_dtype;
+    const y_place plan[] = {Y_REGION, Y_OWN, Y_OWN, Y_REGION, in_place ? Y_RECV_X : Y_REGION, Y_OWN, Y_REGION,
+                            in_place ? Y_RECV_X : Y_OWN, Y_OWN};
+    for (uint64_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        auto_call(&t, plan[i], i);
+    vt_end(&t);
+}
+
+/* combine = "auto" with y placed differently across ranks in one call
+ * (some pull, some push; a random split from the shared seed, both forms
+ * present): every rank fails the call with SYMM_ERR_MISMATCH naming a
+ * peer of the other form, the call, and both forms, fast (the kernels see
+ * the peers' form in the call's signal words; the variant's timeout is far
+ * longer), nothing is left waiting, and the error is sticky as a timeout
+ * is: the next call fails fast with it (the ranks no longer agree on where
+ * the exchange stands; a timeout is not recoverable either, so neither is
+ * this), and destroy frees everything. */
+Test(variant, auto_combine_with_y_placed_differently_fails_fast_on_every_rank_then_destroy_frees_everything)
+{
+    vt t;
+    gpu_case warm;
+    int fds_before;
+    size_t free_before;
+    vt_setup(&t, "auto-mismatch", AUTO_ANY, 60.0);
+    symm_variant_options o = native_options();
+    o.timeout_s = 60.0;
+    warm_up_then_snapshot(&t, &o, &warm, &fds_before, &free_before);
+
+    vt_open(&t, &o);
+    const int W = t.c.ranks, me = t.c.rank;
+    moe_rng r = moe_rng_for(t.seed, 9, 0);
+    unsigned pulls = (unsigned)(moe_rng_next(&r) % ((1u << W) - 2)) + 1; /* neither none nor all */
+    const bool i_pull = (pulls >> me) & 1;
+    int tokens[MAX_W];
+    for (int p = 0; p < W; p++)
+        tokens[p] = t.d->max_tokens; /* every rank has rows at every peer */
+    gpu_case c;
+    gpu_case_upload(&t, &c, t.seed + 11, t.seed + 12, tokens, false);
+    gpu_case_poison(&t, &c);
+    symm_recv_buffers rb;
+    EXPECT_OK(symm_variant_recv(t.v, &rb));
+    const CUdeviceptr y = i_pull ? rb.y : c.y;
+    if (i_pull)
+        y_upload(&t, c.k, rb.y);
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    double t0 = now_s();
+    EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)y, (void *)c.out, t.stream));
+    const double took = drain(&t, t0, o.timeout_s + 10.0, "a combine whose ranks placed y differently");
+    symm_variant_stats s;
+    symm_status st = symm_variant_stats_read(t.v, t.stream, &s);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", symm_last_error());
+    const bool peer_ok = s.mismatch_peer >= 0 && s.mismatch_peer < W && s.mismatch_peer != me &&
+                         (((pulls >> s.mismatch_peer) & 1) != i_pull);
+    cr_assert(st == SYMM_ERR_MISMATCH && s.mismatch == (i_pull ? 1 : 2) && peer_ok && !s.timed_out &&
+                  s.timeout_phase == 3 && s.calls == 1,
+              "rank %d (%s, pulls 0x%x): stats after a combine of mixed forms: %s (%s), mismatch %d peer %d "
+              "timed_out %d phase %d calls %" PRIu64 "; expected SYMM_ERR_MISMATCH, mismatch %d, a peer of the "
+              "other form", me, i_pull ? "pulled" : "pushed", pulls, symm_status_name(st), st == SYMM_OK ? "" : msg,
+              s.mismatch, s.mismatch_peer, s.timed_out, s.timeout_phase, s.calls, i_pull ? 1 : 2);
+    char want[3][96];
+    snprintf(want[0], sizeof want[0], "rank %d %s", me, i_pull ? "pulled" : "pushed");
+    snprintf(want[1], sizeof want[1], "rank %d %s in the combine of call 1", s.mismatch_peer,
+             i_pull ? "pushed" : "pulled");
+    snprintf(want[2], sizeof want[2], "combine = \"auto\"");
+    for (int i = 0; i < 3; i++)
+        cr_assert(strstr(msg, want[i]), "rank %d: the message should say \"%s\": %s", me, want[i], msg);
+    cr_assert(took < 10.0, "rank %d: the call of mixed forms took %.3f s, expected it to fail fast (the variant's "
+              "timeout is %g s)", me, took, o.timeout_s);
+
+    /* Sticky: the next call (y alike on every rank now) fails fast with the
+     * same error. */
+    const symm_variant_stats before = s;
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    t0 = now_s();
+    EXPECT_OK(symm_variant_dispatch(t.v, &c.args, t.stream));
+    EXPECT_OK(symm_variant_combine(t.v, (const void *)c.y, (void *)c.out, t.stream));
+    const double second = drain(&t, t0, o.timeout_s + 10.0, "the call after a mismatch");
+    st = symm_variant_stats_read(t.v, t.stream, &s);
+    cr_assert(st == SYMM_ERR_MISMATCH && s.mismatch == before.mismatch && s.mismatch_peer == before.mismatch_peer,
+              "rank %d: after a mismatch the next call gave %s (%s), mismatch %d peer %d; expected the same "
+              "mismatch (%d, peer %d) again", me, symm_status_name(st), symm_last_error(), s.mismatch,
+              s.mismatch_peer, before.mismatch, before.mismatch_peer);
+    cr_assert(second < 1.0, "rank %d: a call after a mismatch took %.3f s on the device, expected it to fail fast",
+              me, second);
+
+    EXPECT_OK(symm_world_barrier(t.c.world));
+    gpu_case_free(&c);
+    vt_close(&t);
+    expect_nothing_leaked(&t, fds_before, free_before);
+    gpu_case_free(&warm);
+    vt_finish(&t);
 }
 
 /* The NCCL backend waits on the host: when a peer stops arriving, rank 0's

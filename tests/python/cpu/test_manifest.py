@@ -27,6 +27,32 @@ def test_pull_variant_declares_y_symmetric(default_manifest):
     assert pull.regions["y"][2] is True
 
 
+def test_auto_variant_has_both_forms_and_takes_y_anywhere(default_manifest):
+    auto = default_manifest.variant("bf16_rank_auto_w2")
+    assert auto.combine == "auto" and auto.auto and not auto.pull and auto.has_y_region
+    push = default_manifest.variant("bf16_rank_w2")
+    pull = default_manifest.variant("bf16_rank_pull_w2")
+    assert not push.auto and not push.has_y_region and pull.has_y_region and not pull.auto
+    # y may lie anywhere (pushing) or in region y (pulling): not required symmetric.
+    assert "y" not in auto.symmetric_arguments("combine")
+    y_arg = [a for a in auto.arguments["combine"] if a["name"] == "y"][0]
+    assert "auto" in y_arg["note"]
+    # Both forms' places: region y for the pull, combine_in and its flags for the push.
+    assert auto.regions["y"][1] == auto.capacity * auto.hidden * 2 and auto.regions["y"][2] is True
+    assert auto.regions["combine_in"][1] == auto.world * auto.max_tokens * auto.hidden * 2
+    assert auto.regions["combine_flags"][1] == auto.world * auto.max_tokens * 8
+    assert auto.symmetric_bytes > push.symmetric_bytes
+
+
+def test_combine_mode_is_checked(tmp_path, default_manifest):
+    fields = dict(default_manifest.variant("bf16_rank_w2").fields, combine="sideways")
+    with pytest.raises(manifest.ManifestError, match="field combine: got 'sideways', expected push, pull or auto"):
+        manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
+    fields = dict(default_manifest.variant("bf16_expert_w2").fields, combine="auto")
+    with pytest.raises(manifest.ManifestError, match="expected push or pull with layout expert"):
+        manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
+
+
 def test_capacity_below_worst_case(default_manifest):
     v = default_manifest.variant("bf16_rank_cap_w2")
     assert v.capacity == v.world * v.max_tokens // 2 < v.worst_capacity

@@ -16,15 +16,17 @@ def tokens_per_rank(v, full=False):
     return [[37, 64, 0, 90][s % 4] % (v.max_tokens + 1) for s in range(ENV.size)]
 
 
-def run_forward(buf, ins, **dispatch_kw):
+def run_forward(buf, ins, y_inside=True, **dispatch_kw):
     """This rank's dispatch (zero copy) and combine under no_grad: the
-    results (as host copies) and out."""
+    results (as host copies) and out. y_inside: y written into
+    combine_buffer where the variant has one (combine = "pull" or "auto");
+    else (combine = "auto": the pushing form) a tensor of its own."""
     mine = on(ENV.device, ins[ENV.rank])
     with torch.no_grad():
         r = buf.dispatch(mine["x"], mine["topk_idx"], mine["topk_weights"], mine["x_scales"], **dispatch_kw)
         got = {k: (t.cpu() if t is not None else None) for k, t in result_dict(r).items()}
         y = expert(r.recv_x, ENV.rank, buf.combine_dtype)
-        if buf.combine_buffer is not None:
+        if buf.combine_buffer is not None and y_inside:
             y = buf.combine_buffer.copy_(y)
         out = buf.combine(y)
     return got, out.cpu()
@@ -62,6 +64,22 @@ def test_dispatch_combine_match_the_references(name, buffers):
     ref_out = torch_ref.combine(v, ENV.group, plan, expert(rr["recv_x"], ENV.rank, buf.combine_dtype),
                                 mine["topk_weights"])
     assert_bitwise(out, ref_out, f"{name} rank {ENV.rank}: combine vs torch_ref")
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if "_auto_" in n])
+def test_auto_combine_takes_y_in_its_buffer_or_anywhere(name, buffers):
+    """combine = "auto": y in combine_buffer (pulled) and y elsewhere
+    (pushed, no copy) in consecutive calls, each bit for bit."""
+    buf = buffers(name)
+    v = buf.variant
+    assert buf.combine_mode == "auto" and buf.combine_buffer is not None
+    for call, inside in enumerate((True, False, False, True)):
+        ins = [make_inputs(v, t, seed=10 + call, s=s, invalid=False) for s, t in enumerate(tokens_per_rank(v))]
+        got, out = run_forward(buf, ins, y_inside=inside)
+        check_against_references(buf, ins, got, out)
+        if BACKEND != "reference":
+            stats = buf.stats()
+            assert stats["mismatch"] == 0 and stats["mismatch_peer"] == -1
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if "_cap_" in n])
