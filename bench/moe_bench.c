@@ -220,8 +220,8 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--groups")) {
             o->groups = argv[++i];
             for (const char *g = o->groups; *g; g++)
-                if (*g != ',' && (*g < 'a' || *g > 'i') && *g != 'p')
-                    return bad_usage("--groups \"%s\": expected letters a..i and p separated by commas",
+                if (*g != ',' && (*g < 'a' || *g > 'i') && *g != 'p' && *g != 'u')
+                    return bad_usage("--groups \"%s\": expected letters a..i, p and u separated by commas",
                                      o->groups);
         } else if (!strcmp(a, "--reps")) {
             if (!parse_int(argv[++i], 1, 100000, &o->reps))

@@ -626,7 +626,7 @@ static char *ptx_of(const char *name, const char *source, int part)
 /* combine = "auto" compiles as the runtime compiles it: parts 1, 2 (the
  * pushing combine, symm_combine) and 4 (the pulling one, symm_combine_pull),
  * and 3 for the NCCL backend; each program holds its own entry point and
- * not the other (their PTX says so). */
+ * its shared-memory size, and not the other's (their PTX says so). */
 Test(generate, combine_auto_compiles_both_forms_each_in_its_program, .timeout = 240)
 {
     sg_variant v;
@@ -647,6 +647,14 @@ Test(generate, combine_auto_compiles_both_forms_each_in_its_program, .timeout = 
         cr_assert(has_push == (part == 2) && has_pull == (part == 4),
                   "%s part %d (%s): symm_combine %s, symm_combine_pull %s", v.name, part, sg_part_name(part),
                   has_push ? "present" : "absent", has_pull ? "present" : "absent");
+        /* The int each form's launch reads its dynamic shared memory from
+         * (runtime/variant.c, dynamic_smem): a module without it would be
+         * launched with none. */
+        const bool push_smem = strstr(ptx, " symm_combine_smem") != NULL;
+        const bool pull_smem = strstr(ptx, " symm_combine_pull_smem") != NULL;
+        cr_assert(push_smem == (part == 2) && pull_smem == (part == 4),
+                  "%s part %d (%s): symm_combine_smem %s, symm_combine_pull_smem %s", v.name, part,
+                  sg_part_name(part), push_smem ? "present" : "absent", pull_smem ? "present" : "absent");
         free(ptx);
     }
     /* A variant of another mode has no part 4. */
