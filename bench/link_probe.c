@@ -19,8 +19,10 @@
  *         end), 8 in flight;  store  stores alone.
  * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
  * pull (the peer's A -> this rank's B); sum local (A + C -> B), sum pull
- * (this rank's A + the peer's A -> B); load local or pull (A), store local
- * or push (B). The peer is rank + 1 (mod world). With more than two ranks,
+ * (this rank's A + the peer's A -> B), sum push (this rank's A + C -> the
+ * peer's B: local loads, the sums stored over NVLink from the lanes, as
+ * layout expert's combine forms and pushes its partial sums, bench/NOTES.md
+ * 68); load local or pull (A), store local or push (B). The peer is rank + 1 (mod world). With more than two ranks,
  * spread (tma and lsu): this rank's A to every peer at once, CHUNK bytes at
  * a time, chunk c to the (c mod (W - 1))-th rank after this one, at its own
  * offset of that rank's B: all-to-all traffic, what dispatch and combine
@@ -394,7 +396,13 @@ static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
                                        : 0x40000000u + (unsigned)p->rank * 0x10000u;
     float want, x, y;
     memcpy(&want, &from, 4);
-    if (k == K_SUM) {
+    if (k == K_SUM && m == M_PUSH) {
+        /* The rank before this one pushed its A + C. */
+        const unsigned src_c = 0x40000000u + (unsigned)src * 0x10000u;
+        memcpy(&x, &from, 4);
+        memcpy(&y, &src_c, 4);
+        want = x + y;
+    } else if (k == K_SUM) {
         memcpy(&x, &own, 4);
         memcpy(&y, &other, 4);
         want = x + y;
@@ -519,8 +527,8 @@ int main(int argc, char **argv)
             for (int m = 0; m < M_COUNT; m++) {
                 if (m == M_SPREAD && (p.size < 3 || (k != K_TMA && k != K_LSU)))
                     continue; /* spread: tma and lsu where there are several peers */
-                if ((k == K_SUM || k == K_LOAD) && m == M_PUSH)
-                    continue; /* a sum or a load is pulled or local */
+                if (k == K_LOAD && m == M_PUSH)
+                    continue; /* a load is pulled or local */
                 if (k == K_STORE && m == M_PULL)
                     continue; /* a store is pushed or local */
                 if (p.size == 1 && m != M_LOCAL)
