@@ -19,15 +19,15 @@
 /* Most entries of a variant's hosts (distinct divisors > 1 of a world <= 128). */
 #define SG_MAX_HOSTS 16
 
-/* NVRTC options of every variant (besides --gpu-architecture): symmgen
- * --compile and the runtime's JIT use exactly these (vars.c writes them into
- * the stub). */
 /* The default of field combine: "auto" for layout rank from this
  * max_tokens up (prefill-sized: there a pulling combine was the faster form,
  * 184 against 210 us at 4096 tokens, bench/NOTES.md 46), "push" below it
  * and for layout expert (push faster at decode and for that layout). */
 #define SG_AUTO_MIN_TOKENS 1024
 
+/* NVRTC options of every variant (besides --gpu-architecture): symmgen
+ * --compile and the runtime's JIT use exactly these (vars.c writes them into
+ * the stub). */
 #define SG_NVRTC_OPTIONS "-std=c++17", "-default-device"
 
 /* One variant, as declared by one layout { ... } call, after defaults are
