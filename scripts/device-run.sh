@@ -17,7 +17,8 @@
 #        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
 #        at 2 and 4 ranks, memcheck and racecheck, and on 2 GPUs moe_bench
 #        rows AUTO_GROUPS, default u,a,b,p, table in $OUT's auto.md),
-#        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua),
+#        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua; TEST_GPU_SPEC,
+#        TEST_GPU_LIMIT, SYMM_TEST_PARTS and SYMM_TEST_WORLDS: a part of it),
 #        selfcheck, bench, profile (rows PROFILE_GROUPS at the host's world),
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
 #        world, SWEEP_ROUNDS rounds, default 1), inline, tune, dedup, proxy, rtbench,
@@ -332,8 +333,11 @@ for s in "$@"; do
     example) # examples/c (make gpu-build builds it), its libsymm from build/prefix
         step example 120 env LD_LIBRARY_PATH="$PWD/$build/prefix/lib:$LD_LIBRARY_PATH" \
             $run -n 2 --gpus "$gpus" -- "$build/examples/c/moe_example" ;;
-    test-gpu) # make test-gpu MPS=1 on the default spec (make is not there)
-        step test-gpu 560 env SYMM_TEST_MPS=1 SYMM_BUILD_DIR="$build" SPEC=specs/default.lua scripts/test-gpu.sh \
+    test-gpu) # make test-gpu MPS=1 on the default spec (make is not there); TEST_GPU_SPEC other specs,
+        # TEST_GPU_LIMIT the step's seconds; SYMM_TEST_PARTS and SYMM_TEST_WORLDS pass through
+        # (scripts/test-gpu.sh: a part of the run, e.g. world 4 alone)
+        step test-gpu "${TEST_GPU_LIMIT:-560}" env SYMM_TEST_MPS=1 SYMM_BUILD_DIR="$build" \
+            SPEC="${TEST_GPU_SPEC:-specs/default.lua}" scripts/test-gpu.sh \
             "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \
             "$build/tests-gpu/test_variant" ;;
     bench) step bench "${BENCH_STEP_LIMIT:-420}" env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;

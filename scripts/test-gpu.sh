@@ -29,6 +29,12 @@
 # instead of taking turns (a stronger test of the device protocol, and
 # faster); the Criterion tests and the NCCL backend stay time-sliced.
 # Without a GPU it says "skipped: no GPU" and exits 0.
+# A whole run takes about 17 minutes on 4 x H200; to split it over sessions
+# or calls, SYMM_TEST_PARTS names the parts to run (default all of them:
+# "runtime matrix hosts tunings": examples/c and the Criterion tests, the
+# spec matrix, the simulated hosts, the tuning knobs' ends) and
+# SYMM_TEST_WORLDS the worlds of the matrix (default every world a spec
+# declares), e.g. SYMM_TEST_PARTS="matrix hosts tunings" SYMM_TEST_WORLDS=4.
 # usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
 set -uo pipefail
 build=${SYMM_BUILD_DIR:-build}
@@ -43,6 +49,17 @@ export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
 run=$build/bin/symmrun
 passed=0 failed=0
 note() { echo "test-gpu: $*"; }
+parts=" ${SYMM_TEST_PARTS:-runtime matrix hosts tunings} "
+worlds=" $(echo "${SYMM_TEST_WORLDS:-1 2 3 4 5 6 7 8}" | tr ',' ' ') "
+for p in $parts; do
+    case $p in runtime | matrix | hosts | tunings) ;;
+    *) echo "test-gpu: SYMM_TEST_PARTS: unknown part $p (expected some of: runtime matrix hosts tunings)"; exit 2 ;;
+    esac
+done
+for w in $worlds; do
+    [[ "$w" =~ ^[1-8]$ ]] || { echo "test-gpu: SYMM_TEST_WORLDS: $w is not a world of 1 to 8 ranks"; exit 2; }
+done
+part() { [[ "$parts" == *" $1 "* ]]; }
 record() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); note "FAILED: $2"; fi; }
 
 # SYMM_TEST_MPS=1: an MPS daemon of this run's own, for the native checks
@@ -98,7 +115,9 @@ native_check() { # w label args...
 # It finds libsymm through its rpath (BUILD/prefix, where make installs it for
 # the example), or, on a machine the build was copied to, LD_LIBRARY_PATH.
 example=$build/examples/c/moe_example
-if [ -x "$example" ]; then
+if ! part runtime; then
+    note "examples/c and the Criterion tests: not in SYMM_TEST_PARTS"
+elif [ -x "$example" ]; then
     note "examples/c: moe_example with 2 ranks on $ngpu GPU(s)"
     LD_LIBRARY_PATH="$(cd "$build" && pwd)/prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         $run -n 2 --gpus "$gpus" -- "$example"
@@ -113,6 +132,7 @@ if [ -z "${SYMM_TEST_MANIFEST:-}" ]; then
     export SYMM_TEST_MANIFEST=out/default/manifest.json
 fi
 
+part runtime || set --
 for t in "$@"; do
     for n in 2 4; do
         note "$(basename "$t") with $n ranks on $ngpu GPU(s)"
@@ -133,6 +153,7 @@ for t in "$@"; do
 done
 
 specs=${SPEC:-specs/default.lua specs/worlds.lua specs/models.lua}
+part matrix || specs=
 SMALL_TOKENS=128
 for spec in $specs; do
     name=$(basename "$spec" .lua)
@@ -143,6 +164,7 @@ for spec in $specs; do
     # hosts), native only.
     for w in $(seq 1 8); do
         grep -q "\"world\": $w," "$out/manifest.json" || continue
+        [[ "$worlds" == *" $w "* ]] || { note "$name: world $w not in SYMM_TEST_WORLDS"; continue; }
         extra=()
         [ "$w" -gt "$ngpu" ] && extra=(--quick --max-elems 4194304)
         note "$name: world $w on $ngpu GPU(s), native ${extra[*]}$(at_once "$w" && echo ", ranks at once under MPS")"
@@ -183,11 +205,16 @@ for spec in $specs; do
         fi
     done
 done
+# The hosts and the tunings check the default spec's variants, which the
+# matrix part generates: without it, generated here.
+if ! part matrix && { part hosts || part tunings; } && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
+    $build/bin/symmgen -q -o "$build/gpu-out/default" specs/default.lua || record 1 "symmgen specs/default.lua"
+fi
 # A world across hosts: 2 simulated hosts of this machine (symmrun
 # --sim-hosts: TCP rendezvous, a host world each, NCCL between the hosts over
 # loopback). The NCCL backend must give the same results, bit for bit; the
 # native one must refuse, naming the hosts.
-if [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
+if part hosts && [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
     out=$build/gpu-out/default
     for hw in "2 2" "2 4" "4 4"; do
         read -r h w <<< "$hw"
@@ -227,7 +254,7 @@ if [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/def
 fi
 # The tuning knobs (docs/api.md "Tuning") at the ends of their ranges: the same
 # results, bit for bit, on the default spec at world 2 (quick matrix).
-if [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; then
+if part tunings && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
     out=$build/gpu-out/default
     for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PDL=0,DEDUP=0,PUSH_PARTIALS=0,PARTIAL_SLOTS=1,PARTIAL_LANES=0,PUSH_INTERLEAVE=0,PARTIAL_GRID=0,GRID_OWN=0,GRID_PACK=0,CHAIN_STREAM=0,CHAIN_WARPS=0,CHAIN_GRID=0" \
                 "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PDL=1,DEDUP=1,PUSH_PARTIALS=1,PARTIAL_SLOTS=4,PARTIAL_LANES=1,PUSH_INTERLEAVE=1,PARTIAL_GRID=1,GRID_OWN=1,GRID_PACK=1,CHAIN_STREAM=1,CHAIN_WARPS=8,CHAIN_GRID=1" \
