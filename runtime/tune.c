@@ -28,6 +28,7 @@ static const struct knob {
     {"PUSH_PARTIALS", 0, 1}, /* combine, layout expert by rank: 1: a peer pushes one partial sum per token */
     {"PARTIAL_SLOTS", 1, 4}, /* combine, PUSH_PARTIALS: staging slots a push warp loads ahead through */
     {"PARTIAL_LANES", 0, 1}, /* combine, PUSH_PARTIALS: 1: the lanes store a part at the peer (0: a bulk copy) */
+    {"PARTIAL_REGS", 0, 1},  /* combine, PUSH_PARTIALS: 1: a part formed through the lanes' registers (0: the TMA) */
     {"PUSH_INTERLEAVE", 0, 1}, /* combine, layout rank at world > 2: 1: push batches go round the peers */
     {"PARTIAL_GRID", 0, 1},    /* combine, layout expert by rank without PUSH_PARTIALS: 1: the grid forms the parts */
     {"GRID_OWN", 0, 1},        /* combine, PARTIAL_GRID: 1: the grid forms this rank's own parts too */
@@ -44,7 +45,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
     out->profile = false;
     out->pdl = true;
     /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
-    char list[512];
+    char list[640];
     size_t at = 0;
     for (size_t k = 0; k < SYMM_ARRAY_LEN(knobs) && at < sizeof list; k++)
         at += (size_t)snprintf(list + at, sizeof list - at, "%s%s %ld..%ld", k ? ", " : "", knobs[k].name,

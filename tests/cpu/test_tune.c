@@ -33,7 +33,7 @@ static const struct {
 } knobs[] = {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
-    {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
+    {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PARTIAL_REGS", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1},
 };
