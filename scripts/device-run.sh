@@ -12,7 +12,8 @@
 #        CUDA MPS (HOSTS_MPS=0: taking turns);
 #        NCCL between ranks that share a GPU over loopback,
 #        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
-#        models, nccl, world4, worlds, world8, sanitize, variant,
+#        models, nccl, world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
+#        racecheck at world 4), variant,
 #        auto (combine = "auto": check of the default spec's auto variants at
 #        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
 #        at 2 and 4 ranks, memcheck and racecheck, and on 2 GPUs moe_bench
@@ -313,6 +314,13 @@ for s in "$@"; do
                 --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2 \
                 --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2 --variant bf16_expert_order_k_w2
         done ;;
+    sanitize-w4) # memcheck and racecheck at world 4 (a rank per GPU on 4 GPUs, else two a GPU): layout
+        # rank's pushes round the peers (PUSH_INTERLEAVE), both forms of auto, layout expert's parts
+        for tool in memcheck racecheck; do
+            step sanitizer-$tool-w4 400 $run -n 4 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
+                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
+                --variant bf16_rank_w4 --variant bf16_rank_auto_w4 --variant fp8_expert_a128_w4 --variant bf16_expert_w4
+        done ;;
     sanitize-hybrid) # the hybrid backend's kernels (and the companion's) under memcheck, 2 simulated hosts
         # (API errors not reported: NCCL's init probes kernels it has no image
         # of for this GPU, cudaErrorNoKernelImageForDevice, and goes on)
@@ -433,7 +441,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, regs, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, auto, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, regs, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
