@@ -38,17 +38,7 @@
 # usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
 set -uo pipefail
 build=${SYMM_BUILD_DIR:-build}
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "test-gpu: skipped: no GPU"
-    exit 0
-fi
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
-gpus=$(seq -s, 0 $((ngpu - 1)))
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
-run=$build/bin/symmrun
-passed=0 failed=0
-note() { echo "test-gpu: $*"; }
+# The parts and worlds asked for (checked first, GPU or not).
 parts=" ${SYMM_TEST_PARTS:-runtime matrix hosts tunings} "
 worlds=" $(echo "${SYMM_TEST_WORLDS:-1 2 3 4 5 6 7 8}" | tr ',' ' ') "
 for p in $parts; do
@@ -60,6 +50,17 @@ for w in $worlds; do
     [[ "$w" =~ ^[1-8]$ ]] || { echo "test-gpu: SYMM_TEST_WORLDS: $w is not a world of 1 to 8 ranks"; exit 2; }
 done
 part() { [[ "$parts" == *" $1 "* ]]; }
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "test-gpu: skipped: no GPU"
+    exit 0
+fi
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+gpus=$(seq -s, 0 $((ngpu - 1)))
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
+run=$build/bin/symmrun
+passed=0 failed=0
+note() { echo "test-gpu: $*"; }
 record() { if [ "$1" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); note "FAILED: $2"; fi; }
 
 # SYMM_TEST_MPS=1: an MPS daemon of this run's own, for the native checks

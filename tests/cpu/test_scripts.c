@@ -1,8 +1,11 @@
 /* test_scripts.c: the parts of the GPU scripts that run without a GPU.
  * scripts/bench-tune.sh --rounds: the runs' order (the list in odd rounds,
  * reversed in even ones), and its refusal of a bad count;
- * scripts/ab-table.sh: the means of the ab step's rounds. Run from the
- * repository root, as make test does. */
+ * scripts/ab-table.sh: the means of the ab step's rounds;
+ * scripts/test-gpu.sh: its refusal of unknown parts and worlds
+ * (SYMM_TEST_PARTS, SYMM_TEST_WORLDS), which comes before it looks for a
+ * GPU (the values it accepts would start the GPU tests on a GPU host, so
+ * they are not run here). Run from the repository root, as make test does. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,4 +118,25 @@ Test(ab_table, gives_each_row_s_mean_p50_a_side_and_the_difference)
     }
     rmdir(dir);
     rmdir(empty);
+}
+
+Test(test_gpu, refuses_unknown_parts_and_worlds_naming_what_it_takes)
+{
+    const struct {
+        const char *env, *want;
+    } bad[] = {
+        {"SYMM_TEST_PARTS=bogus", "SYMM_TEST_PARTS: unknown part bogus (expected some of: runtime matrix hosts tunings)"},
+        {"SYMM_TEST_PARTS='matrix tuning'", "SYMM_TEST_PARTS: unknown part tuning"},
+        {"SYMM_TEST_WORLDS=2,9", "SYMM_TEST_WORLDS: 9 is not a world of 1 to 8 ranks"},
+        {"SYMM_TEST_WORLDS=0", "SYMM_TEST_WORLDS: 0 is not a world of 1 to 8 ranks"},
+        {"SYMM_TEST_WORLDS=four", "SYMM_TEST_WORLDS: four is not a world of 1 to 8 ranks"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char command[256], out[1024];
+        snprintf(command, sizeof command, "env %s scripts/test-gpu.sh", bad[i].env);
+        const int rc = run(command, out, sizeof out);
+        cr_assert_eq(rc, 2, "%s: exit status %d: %s", bad[i].env, rc, out);
+        cr_assert(strstr(out, bad[i].want), "%s: %s", bad[i].env, out);
+        cr_assert(!strstr(out, "skipped"), "%s: refused before the GPU check: %s", bad[i].env, out);
+    }
 }
