@@ -373,6 +373,19 @@ Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .f
     check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
 }
 
+/* PARTIAL_REGS (default 0) changes combine only where a push warp forms
+ * partial sums: layout expert by rank, pushing, with PUSH_PARTIALS (off
+ * at these max_tokens by default, so fixed on here); without it, nothing. */
+Test(tune, partial_regs_changes_only_the_pushed_partial_sums, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("PARTIAL_REGS", 0, "PUSH_PARTIALS", 1, true, false);
+}
+
+Test(tune, partial_regs_changes_nothing_without_push_partials, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("PARTIAL_REGS", 0, NULL, 0, false, false);
+}
+
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
  * applies: layout expert by rank with DEDUP and without CHAIN_STREAM
  * (max_tokens <= 512 here), the pulling combine's variants too (their
