@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # test-python-gpu.sh: the PyTorch package's distributed tests
-# (tests/python/gpu) under torchrun at world 2, with a python that has torch:
+# (tests/python/gpu) under torchrun at world 2 (SYMM_TEST_PY_WORLD=N: N
+# ranks, 2 to 8, at most one a GPU where there are several GPUs; any on
+# the CPU's reference backend), with a python that has torch:
 #   2 or more GPUs: a rank per GPU, an nccl process group;
 #   one GPU: both ranks on it, a gloo process group, and (unless
 #     SYMM_TEST_MPS=0) a CUDA MPS daemon of this run's own so that they run
@@ -15,6 +17,11 @@ set -uo pipefail
 build=$(cd "${SYMM_BUILD_DIR:-build}" 2>/dev/null && pwd || echo "${SYMM_BUILD_DIR:-build}")
 py=${PYTHON:-python3}
 note() { echo "test-python-gpu: $*"; }
+world=${SYMM_TEST_PY_WORLD:-2}
+if ! [[ "$world" =~ ^[2-8]$ ]]; then
+    note "SYMM_TEST_PY_WORLD=$world: expected 2 to 8 ranks"
+    exit 2
+fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
     note "skipped: $py cannot import torch"
     exit 0
@@ -26,6 +33,10 @@ fi
 if [ "$ngpu" -eq 0 ] && [ "${SYMMGEN_TEST_BACKEND:-}" != reference ]; then
     note "skipped: no GPU"
     exit 0
+fi
+if { [ "$ngpu" -ge 2 ] && [ "$world" -gt "$ngpu" ]; } || { [ "$ngpu" -eq 1 ] && [ "$world" -ne 2 ]; }; then
+    note "SYMM_TEST_PY_WORLD=$world: at most one rank a GPU ($ngpu GPU(s) here; one GPU takes 2 ranks under MPS)"
+    exit 2
 fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
@@ -47,6 +58,6 @@ elif [ "$ngpu" -eq 1 ] && [ "${SYMM_TEST_MPS:-1}" != 0 ]; then
     trap 'echo quit | nvidia-cuda-mps-control; rm -rf "$mps"' EXIT
     note "one GPU: both ranks on it under a CUDA MPS daemon ($mps)"
 fi
-note "$("$py" -c 'import torch; print("torch", torch.__version__)'), $ngpu GPU(s), logs in $logs"
-"$py" -m torch.distributed.run --nproc-per-node 2 --log-dir "$logs" --tee 3 --local-ranks-filter 0 \
+note "$("$py" -c 'import torch; print("torch", torch.__version__)'), $ngpu GPU(s), world $world, logs in $logs"
+"$py" -m torch.distributed.run --nproc-per-node "$world" --log-dir "$logs" --tee 3 --local-ranks-filter 0 \
     -m pytest -q -p no:cacheprovider -rs tests/python/gpu "$@"

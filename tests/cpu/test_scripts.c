@@ -5,7 +5,9 @@
  * scripts/test-gpu.sh: its refusal of unknown parts and worlds
  * (SYMM_TEST_PARTS, SYMM_TEST_WORLDS), which comes before it looks for a
  * GPU (the values it accepts would start the GPU tests on a GPU host, so
- * they are not run here). Run from the repository root, as make test does. */
+ * they are not run here); scripts/test-python-gpu.sh: its refusal of a
+ * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else. Run from
+ * the repository root, as make test does. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,5 +140,17 @@ Test(test_gpu, refuses_unknown_parts_and_worlds_naming_what_it_takes)
         cr_assert_eq(rc, 2, "%s: exit status %d: %s", bad[i].env, rc, out);
         cr_assert(strstr(out, bad[i].want), "%s: %s", bad[i].env, out);
         cr_assert(!strstr(out, "skipped"), "%s: refused before the GPU check: %s", bad[i].env, out);
+    }
+}
+
+Test(test_python_gpu, refuses_a_world_outside_2_to_8_before_anything_else)
+{
+    const char *bad[] = {"1", "9", "0", "two", "2,4"}; /* empty: the default, 2 */
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char command[256], out[1024];
+        snprintf(command, sizeof command, "env SYMM_TEST_PY_WORLD=%s scripts/test-python-gpu.sh", bad[i]);
+        const int rc = run(command, out, sizeof out);
+        cr_assert_eq(rc, 2, "SYMM_TEST_PY_WORLD=%s: exit status %d: %s", bad[i], rc, out);
+        cr_assert(strstr(out, "expected 2 to 8 ranks"), "SYMM_TEST_PY_WORLD=%s: %s", bad[i], out);
     }
 }
