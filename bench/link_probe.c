@@ -5,6 +5,7 @@
  *   symmrun -n 2 --gpus 0,1 link_probe [--mib N] [--sms LIST] [--reps N]
  *   symmrun -n 1 link_probe ...                 (one GPU: local copies only)
  *   symmrun -n 2 --gpus 0 link_probe --shared-gpu ...  (under CUDA MPS: a proxy)
+ *   link_probe --check-source                   (the kernels compile; no GPU)
  *
  * Every rank runs the same kernel at once on SMS blocks of 512 threads (one
  * block an SM), over N MiB, on a symmetric buffer of three N MiB regions
@@ -27,6 +28,18 @@
  * a time, chunk c to the (c mod (W - 1))-th rank after this one, at its own
  * offset of that rank's B: all-to-all traffic, what dispatch and combine
  * make at world W (issue 29).
+ * Exchanges (kern flag and line, mode xchg; with two ranks or more): every
+ * rank sends a message of --xchg-kib KiB (default 1792, about what (b) moves)
+ * to rank + 1 while it takes one from rank - 1, 16 calls a launch, and the
+ * row gives a call's time from the first store to the last byte checked at
+ * the receiver: flag, the shares stored by the lanes, then a system fence
+ * and a flag a warp (as dispatch and combine say "landed" today); line,
+ * 128-byte lines of 120 bytes of payload and the call's number (NCCL's
+ * LL128 layout), polled line by line: no fence, no flag (bench/NOTES.md
+ * Next, issue 28.4). The payload is made from the call's number, so a line
+ * read torn or a share read early counts as a mismatch and the row is
+ * WRONG. --check-source compiles the kernels (NVRTC, sm_90a) and stops: no
+ * GPU needed.
  * A row's time is the slowest rank's (an allgather) per repetition; the table
  * gives the median and p90 over --reps, the bytes each SM loads and stores
  * per second (the SM's traffic), and the bytes that cross to or from the peer
@@ -178,6 +191,106 @@ static const char probe_source[] =
     "    const u64 stride = (u64)gridDim.x * 512;\n"
     "    const uint4 v = make_uint4(word, word, word, word);\n"
     "    for (u64 i = (u64)blockIdx.x * 512 + threadIdx.x; i < n; i += stride) dst[i] = v;\n"
+    "}\n"
+    "// Exchanges (bench/NOTES.md Next, issue 28.4): every rank sends a message of\n"
+    "// `msg` bytes to rank + 1 and takes one from rank - 1, `iters` times in one\n"
+    "// launch (iteration i in slice i of B, so nothing is overwritten within a\n"
+    "// launch), the message split over every warp of the grid, and the time per\n"
+    "// iteration is what it takes from the first store to the receiver having\n"
+    "// checked the last byte. The payload is made on the fly from the call's\n"
+    "// number, so a line read torn (old bytes beside new ones) is a mismatch,\n"
+    "// counted in *bad.\n"
+    "//   xchg_flag: the warp's share stored with 16-byte lane stores, then lane 0\n"
+    "//     fences at system scope and stores the share's flag; the receiver's warp\n"
+    "//     waits for the flag (acquire), then reads the share;\n"
+    "//   xchg_line: 128-byte lines of 120 bytes of payload and the call's number\n"
+    "//     in the last 8 (the LL128 layout), stored 16 bytes a lane, 8 lanes a\n"
+    "//     line; the receiver polls each line's number and reads the line once it\n"
+    "//     is this call's: no fence, no flag.\n"
+    "__device__ __forceinline__ unsigned xword(u64 seq, u64 index, unsigned src)\n"
+    "{\n"
+    "    return (unsigned)(seq * 2654435761ull) ^ (unsigned)(index * 40503u) ^ (src << 28);\n"
+    "}\n"
+    "__device__ __forceinline__ void st_v2(void *p, u64 a, u64 b)\n"
+    "{\n"
+    "    asm volatile(\"st.volatile.global.v2.u64 [%0], {%1, %2};\" ::\"l\"(p), \"l\"(a), \"l\"(b) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void ld_v2(const void *p, u64 &a, u64 &b)\n"
+    "{\n"
+    "    asm volatile(\"ld.volatile.global.v2.u64 {%0, %1}, [%2];\" : \"=l\"(a), \"=l\"(b) : \"l\"(p) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ u64 pack2(unsigned lo, unsigned hi) { return (u64)lo | ((u64)hi << 32); }\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) xchg_flag(char *peer_b, const char *own_b, u64 *peer_flags,\n"
+    "    const u64 *own_flags, u64 msg, u64 slice, u32 iters, u64 seq0, u32 me, u32 src, unsigned *bad)\n"
+    "{\n"
+    "    const u32 lane = threadIdx.x % 32;\n"
+    "    const u64 warps = (u64)gridDim.x * 16, w = (u64)blockIdx.x * 16 + threadIdx.x / 32;\n"
+    "    const u64 vecs = msg / 16, per = (vecs + warps - 1) / warps, v0 = w * per, v1 = v0 + per < vecs ? v0 + per : vecs;\n"
+    "    unsigned wrong = 0;\n"
+    "    for (u32 i = 0; i < iters; i++) {\n"
+    "        const u64 seq = seq0 + i;\n"
+    "        char *out = peer_b + i * slice;\n"
+    "        for (u64 v = v0 + lane; v < v1; v += 32)\n"
+    "            st_v2(out + v * 16, pack2(xword(seq, 4 * v, me), xword(seq, 4 * v + 1, me)),\n"
+    "                  pack2(xword(seq, 4 * v + 2, me), xword(seq, 4 * v + 3, me)));\n"
+    "        __syncwarp();\n"
+    "        if (lane == 0) {\n"
+    "            asm volatile(\"fence.acq_rel.sys;\" ::: \"memory\");\n"
+    "            asm volatile(\"st.relaxed.sys.global.u64 [%0], %1;\" ::\"l\"(peer_flags + (u64)i * warps + w), \"l\"(seq) : \"memory\");\n"
+    "            u64 f;\n"
+    "            do\n"
+    "                asm volatile(\"ld.acquire.sys.global.u64 %0, [%1];\" : \"=l\"(f) : \"l\"(own_flags + (u64)i * warps + w) : \"memory\");\n"
+    "            while (f < seq);\n"
+    "        }\n"
+    "        __syncwarp();\n"
+    "        const char *in = own_b + i * slice;\n"
+    "        for (u64 v = v0 + lane; v < v1; v += 32) {\n"
+    "            u64 a, b;\n"
+    "            ld_v2(in + v * 16, a, b);\n"
+    "            wrong += a != pack2(xword(seq, 4 * v, src), xword(seq, 4 * v + 1, src));\n"
+    "            wrong += b != pack2(xword(seq, 4 * v + 2, src), xword(seq, 4 * v + 3, src));\n"
+    "        }\n"
+    "    }\n"
+    "    if (wrong)\n"
+    "        atomicAdd(bad, wrong);\n"
+    "}\n"
+    "extern \"C\" __global__ void __launch_bounds__(512, 1) xchg_line(char *peer_b, const char *own_b, u64 msg, u64 slice,\n"
+    "    u32 iters, u64 seq0, u32 me, u32 src, unsigned *bad)\n"
+    "{\n"
+    "    const u32 lane = threadIdx.x % 32, part = lane % 8;\n"
+    "    const u64 warps = (u64)gridDim.x * 16, w = (u64)blockIdx.x * 16 + threadIdx.x / 32;\n"
+    "    // Lines of 120 bytes of payload (30 words); a warp's share in groups of\n"
+    "    // four lines (one 512-byte store of the warp).\n"
+    "    const u64 lines = (msg + 119) / 120, groups = (lines + 3) / 4, per = (groups + warps - 1) / warps;\n"
+    "    const u64 g0 = w * per, g1 = g0 + per < groups ? g0 + per : groups;\n"
+    "    unsigned wrong = 0;\n"
+    "    for (u32 i = 0; i < iters; i++) {\n"
+    "        const u64 seq = seq0 + i;\n"
+    "        char *out = peer_b + i * slice;\n"
+    "        for (u64 g = g0; g < g1; g++) {\n"
+    "            const u64 line = 4 * g + lane / 8, word = line * 30 + part * 4;\n"
+    "            const u64 a = pack2(xword(seq, word, me), xword(seq, word + 1, me));\n"
+    "            const u64 b = part < 7 ? pack2(xword(seq, word + 2, me), xword(seq, word + 3, me)) : seq;\n"
+    "            st_v2(out + line * 128 + part * 16, a, b);\n"
+    "        }\n"
+    "        const char *in = own_b + i * slice;\n"
+    "        for (u64 g = g0; g < g1; g++) {\n"
+    "            const u64 line = 4 * g + lane / 8, word = line * 30 + part * 4;\n"
+    "            u64 a, b;\n"
+    "            for (;;) {\n"
+    "                ld_v2(in + line * 128 + part * 16, a, b);\n"
+    "                // Lane 8k + 7 holds line k's number: every line of the group in.\n"
+    "                const bool in_line = __shfl_sync(0xffffffffu, b, (lane / 8) * 8 + 7) == seq;\n"
+    "                if (__all_sync(0xffffffffu, in_line))\n"
+    "                    break;\n"
+    "            }\n"
+    "            wrong += a != pack2(xword(seq, word, src), xword(seq, word + 1, src));\n"
+    "            if (part < 7)\n"
+    "                wrong += b != pack2(xword(seq, word + 2, src), xword(seq, word + 3, src));\n"
+    "        }\n"
+    "    }\n"
+    "    if (wrong)\n"
+    "        atomicAdd(bad, wrong);\n"
     "}\n";
 
 typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_COUNT } kernel_kind;
@@ -196,9 +309,13 @@ typedef struct probe {
     int sms[MAX_SMS_LIST];
     int n_sms;
     bool shared_gpu;
+    bool check_source; /* --check-source: compile the kernels for sm_90a and stop (no GPU needed) */
     CUmodule mod;
     CUfunction fn[K_COUNT];
     CUfunction spread[2]; /* tma_spread, lsu_spread */
+    CUfunction xchg[2];   /* xchg_flag, xchg_line */
+    size_t xchg_bytes;    /* the exchanges' message a rank sends (--xchg-kib) */
+    unsigned long long xchg_seq; /* the exchanges' last call number */
     CUstream stream;
     CUevent ev[2];
     double *samples;
@@ -223,8 +340,8 @@ static int usage(const char *fmt, const char *arg)
 {
     fputs("link_probe: ", stderr);
     fprintf(stderr, fmt, arg);
-    fputs("\nusage: symmrun -n N [--gpus LIST] link_probe [--mib N] [--sms LIST] [--reps N] [--shared-gpu]\n",
-          stderr);
+    fputs("\nusage: symmrun -n N [--gpus LIST] link_probe [--mib N] [--sms LIST] [--reps N] [--xchg-kib N] "
+          "[--shared-gpu] [--check-source]\n", stderr);
     return 2;
 }
 
@@ -246,6 +363,7 @@ static int parse_args(probe *p, int argc, char **argv)
     long v;
     p->bytes = (size_t)64 << 20;
     p->reps = 20;
+    p->xchg_bytes = (size_t)1792 << 10;
     static const int default_sms[] = {8, 16, 24, 32, 48, 64, 132};
     p->n_sms = (int)(sizeof default_sms / sizeof default_sms[0]);
     memcpy(p->sms, default_sms, sizeof default_sms);
@@ -255,6 +373,10 @@ static int parse_args(probe *p, int argc, char **argv)
             p->shared_gpu = true;
             continue;
         }
+        if (!strcmp(a, "--check-source")) {
+            p->check_source = true;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage("%s needs a value", a);
         const char *val = argv[++i];
@@ -262,6 +384,10 @@ static int parse_args(probe *p, int argc, char **argv)
             if (parse_long(a, val, 1, 4096, &v))
                 return 2;
             p->bytes = (size_t)v << 20;
+        } else if (!strcmp(a, "--xchg-kib")) {
+            if (parse_long(a, val, 16, 4096, &v))
+                return 2;
+            p->xchg_bytes = (size_t)v << 10;
         } else if (!strcmp(a, "--reps")) {
             if (parse_long(a, val, 1, MAX_REPS, &v))
                 return 2;
@@ -314,6 +440,8 @@ static void setup(probe *p)
     check(p, symm_jit_get_function(p->mod, "tma_spread", &p->spread[0]), "tma_spread");
     check(p, symm_jit_get_function(p->mod, "lsu_spread", &p->spread[1]), "lsu_spread");
     CU(p, cuFuncSetAttribute(p->spread[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
+    check(p, symm_jit_get_function(p->mod, "xchg_flag", &p->xchg[0]), "xchg_flag");
+    check(p, symm_jit_get_function(p->mod, "xchg_line", &p->xchg[1]), "xchg_line");
     CU(p, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
     for (int i = 0; i < 2; i++)
         CU(p, cuEventCreate(&p->ev[i], CU_EVENT_DEFAULT));
@@ -499,6 +627,99 @@ static void row(probe *p, kernel_kind k, mode_kind m, int sms)
     free(oks);
 }
 
+/* The exchanges (xchg_flag, xchg_line in probe_source): XCHG_ITERS calls a
+ * launch, call i in slice i of B, the flags [call][warp] at B + XCHG_FLAGS,
+ * the mismatch count at the start of C. */
+#define XCHG_ITERS 16
+#define XCHG_FLAGS ((size_t)48 << 20)
+
+static size_t xchg_slice(const probe *p)
+{
+    return ((p->xchg_bytes / 120 + 8) * 128 + 4095) & ~(size_t)4095;
+}
+
+static bool xchg_fits(const probe *p)
+{
+    return XCHG_ITERS * xchg_slice(p) <= XCHG_FLAGS && p->bytes >= XCHG_FLAGS + ((size_t)1 << 20);
+}
+
+static void xchg_launch(probe *p, int line, int sms)
+{
+    const int prev = (p->rank + p->size - 1) % p->size;
+    CUdeviceptr peer_b = region(p, p->peer, 1), own_b = region(p, p->rank, 1);
+    CUdeviceptr peer_flags = peer_b + XCHG_FLAGS, own_flags = own_b + XCHG_FLAGS, bad = region(p, p->rank, 2);
+    unsigned long long msg = p->xchg_bytes, slice = xchg_slice(p), seq0 = p->xchg_seq + 1;
+    unsigned iters = XCHG_ITERS, me = (unsigned)p->rank, src = (unsigned)prev;
+    p->xchg_seq += XCHG_ITERS;
+    void *args_flag[] = {&peer_b, &own_b, &peer_flags, &own_flags, &msg, &slice, &iters, &seq0, &me, &src, &bad};
+    void *args_line[] = {&peer_b, &own_b, &msg, &slice, &iters, &seq0, &me, &src, &bad};
+    CU(p, cuLaunchKernel(p->xchg[line], (unsigned)sms, 1, 1, 512, 1, 1, 0, p->stream, line ? args_line : args_flag,
+                         NULL));
+}
+
+/* One exchange row: a checked launch, warm-ups, then --reps timed launches,
+ * each XCHG_ITERS calls; the time is a call's (the slowest rank's launch /
+ * XCHG_ITERS). "SMs GB/s" counts the bytes on the wire (the lines' numbers
+ * too), "remote GB/s" the message. Every call of every launch is checked: a
+ * word the receiver read that is not the call's (a line read torn, a share
+ * read before it landed) makes the row WRONG. */
+static void xchg_row(probe *p, int line, int sms)
+{
+    /* Lines and flags at 0, below every call number (the other rows fill B
+     * with ones), and the mismatch count at 0; every rank's, before any
+     * rank sends. */
+    CU(p, cuMemsetD32Async(region(p, p->rank, 1), 0, p->bytes / 4, p->stream));
+    CU(p, cuMemsetD32Async(region(p, p->rank, 2), 0, 1, p->stream));
+    CU(p, cuStreamSynchronize(p->stream));
+    check(p, symm_world_barrier(p->world), "barrier");
+    double *gathered = calloc((size_t)p->size, sizeof *gathered);
+    unsigned *bads = calloc((size_t)p->size, sizeof *bads);
+    if (!gathered || !bads)
+        die(p, "xchg_row", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
+    for (int i = 0; i < 3; i++) {
+        CU(p, cuStreamSynchronize(p->stream));
+        check(p, symm_world_barrier(p->world), "barrier");
+        xchg_launch(p, line, sms); /* the first checked with the rest; warm-up */
+    }
+    for (int i = 0; i < p->reps; i++) {
+        CU(p, cuStreamSynchronize(p->stream));
+        check(p, symm_world_barrier(p->world), "barrier");
+        CU(p, cuEventRecord(p->ev[0], p->stream));
+        xchg_launch(p, line, sms);
+        CU(p, cuEventRecord(p->ev[1], p->stream));
+        CU(p, cuEventSynchronize(p->ev[1]));
+        float ms = 0;
+        CU(p, cuEventElapsedTime(&ms, p->ev[0], p->ev[1]));
+        double us = (double)ms * 1e3 / XCHG_ITERS;
+        check(p, symm_world_allgather(p->world, &us, gathered, sizeof us), "allgather");
+        double worst = 0;
+        for (int r = 0; r < p->size; r++)
+            worst = gathered[r] > worst ? gathered[r] : worst;
+        p->samples[i] = worst;
+    }
+    CU(p, cuStreamSynchronize(p->stream));
+    unsigned bad = 0;
+    CU(p, cuMemcpyDtoH(&bad, region(p, p->rank, 2), sizeof bad));
+    check(p, symm_world_allgather(p->world, &bad, bads, sizeof bad), "allgather");
+    unsigned long long all_bad = 0;
+    for (int r = 0; r < p->size; r++)
+        all_bad += bads[r];
+    if (bad)
+        fprintf(stderr, "link_probe: rank %d: xchg %s at %d SMs: %u words read were not their call's\n", p->rank,
+                line ? "line" : "flag", sms, bad);
+    qsort(p->samples, (size_t)p->reps, sizeof *p->samples, by_value);
+    const double p50 = p->samples[p->reps / 2], p90 = p->samples[(p->reps * 9) / 10];
+    const double msg = (double)p->xchg_bytes, wire = line ? msg / 120.0 * 128.0 : msg;
+    if (p->rank == 0)
+        printf("%-4s %-6s %4d  %9.1f %9.1f  %9.1f  %9.1f  %9.1f  %s\n", line ? "line" : "flag", "xchg", sms, p50, p90,
+               wire / p50 / 1e3, wire / p50 / 1e3 / sms, msg / p50 / 1e3, all_bad == 0 ? "ok" : "WRONG");
+    fflush(stdout);
+    if (all_bad)
+        p->failed = 1;
+    free(gathered);
+    free(bads);
+}
+
 int main(int argc, char **argv)
 {
     probe p;
@@ -506,6 +727,24 @@ int main(int argc, char **argv)
     int rc = parse_args(&p, argc, argv);
     if (rc)
         return rc;
+    if (p.check_source) { /* NVRTC alone: the kernels compile for sm_90a without a warning */
+        symm_jit_request req = {.source = probe_source, .source_name = "link_probe.cu", .arch = "sm_90a",
+                                .flags = SYMM_JIT_NO_CACHE};
+        symm_jit_result res;
+        symm_status cst = symm_jit_compile(&req, &res);
+        if (cst != SYMM_OK) {
+            fprintf(stderr, "link_probe: the probe kernels do not compile: %s: %s\n", symm_status_name(cst),
+                    symm_last_error());
+            return 2;
+        }
+        const bool quiet = !res.log || !res.log[0];
+        if (!quiet)
+            fprintf(stderr, "link_probe: NVRTC warns on the probe kernels:\n%s\n", res.log);
+        else
+            printf("link_probe: the probe kernels compile for sm_90a (%zu bytes of cubin)\n", res.cubin_size);
+        symm_jit_result_free(&res);
+        return quiet ? 0 : 2;
+    }
     symm_status st = symm_world_create_from_env(&p.world);
     if (st != SYMM_OK) {
         fprintf(stderr, "link_probe: %s: %s (start it with symmrun)\n", symm_status_name(st), symm_last_error());
@@ -535,6 +774,9 @@ int main(int argc, char **argv)
                     continue;
                 row(&p, (kernel_kind)k, (mode_kind)m, sms);
             }
+        if (p.size > 1 && xchg_fits(&p))
+            for (int line = 0; line < 2; line++)
+                xchg_row(&p, line, sms);
     }
     check(&p, symm_alloc_destroy(p.buf), "symm_alloc_destroy");
     for (int i = 0; i < 2; i++)

@@ -6,8 +6,10 @@
  * (SYMM_TEST_PARTS, SYMM_TEST_WORLDS), which comes before it looks for a
  * GPU (the values it accepts would start the GPU tests on a GPU host, so
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
- * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else. Run from
- * the repository root, as make test does. */
+ * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else;
+ * bench/link_probe's kernels, which NVRTC compiles only on a GPU host at
+ * run time, compile here without a warning (--check-source). Run from the
+ * repository root, as make test does. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,4 +155,14 @@ Test(test_python_gpu, refuses_a_world_outside_2_to_8_before_anything_else)
         cr_assert_eq(rc, 2, "SYMM_TEST_PY_WORLD=%s: exit status %d: %s", bad[i], rc, out);
         cr_assert(strstr(out, "expected 2 to 8 ranks"), "SYMM_TEST_PY_WORLD=%s: %s", bad[i], out);
     }
+}
+
+Test(link_probe, its_kernels_compile_for_sm_90a_without_a_warning)
+{
+    const char *build = getenv("SYMM_BUILD_DIR");
+    char command[512], out[4096];
+    snprintf(command, sizeof command, "%s/bench/link_probe --check-source", build && *build ? build : "build");
+    const int rc = run(command, out, sizeof out);
+    cr_assert_eq(rc, 0, "%s: exit status %d: %s", command, rc, out);
+    cr_assert(strstr(out, "the probe kernels compile for sm_90a"), "%s: %s", command, out);
 }
