@@ -31,6 +31,14 @@ static int run(const char *command, char *out, size_t size)
     return WEXITSTATUS(status);
 }
 
+/* `command` must exit 2 with `want` in its output (kept in out). */
+static void expect_refused(const char *command, const char *want, char *out, size_t size)
+{
+    const int rc = run(command, out, size);
+    cr_assert_eq(rc, 2, "%s: exit status %d: %s", command, rc, out);
+    cr_assert(strstr(out, want), "%s: %s", command, out);
+}
+
 Test(bench_tune, rounds_take_the_list_in_order_then_reversed)
 {
     char out[4096];
@@ -62,9 +70,7 @@ Test(bench_tune, refuses_a_round_count_outside_1_to_20)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char command[128], out[1024];
         snprintf(command, sizeof command, "scripts/bench-tune.sh --dry-run --rounds %s A=1", bad[i]);
-        const int rc = run(command, out, sizeof out);
-        cr_assert_eq(rc, 2, "--rounds %s: exit status %d: %s", bad[i], rc, out);
-        cr_assert(strstr(out, "expected an integer 1..20"), "--rounds %s: %s", bad[i], out);
+        expect_refused(command, "expected an integer 1..20", out, sizeof out);
     }
     char out[1024];
     cr_assert_eq(run("scripts/bench-tune.sh --dry-run --rounds", out, sizeof out), 2, "%s", out);
@@ -138,9 +144,7 @@ Test(test_gpu, refuses_unknown_parts_and_worlds_naming_what_it_takes)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char command[256], out[1024];
         snprintf(command, sizeof command, "env %s scripts/test-gpu.sh", bad[i].env);
-        const int rc = run(command, out, sizeof out);
-        cr_assert_eq(rc, 2, "%s: exit status %d: %s", bad[i].env, rc, out);
-        cr_assert(strstr(out, bad[i].want), "%s: %s", bad[i].env, out);
+        expect_refused(command, bad[i].want, out, sizeof out);
         cr_assert(!strstr(out, "skipped"), "%s: refused before the GPU check: %s", bad[i].env, out);
     }
 }
@@ -151,9 +155,7 @@ Test(test_python_gpu, refuses_a_world_outside_2_to_8_before_anything_else)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char command[256], out[1024];
         snprintf(command, sizeof command, "env SYMM_TEST_PY_WORLD=%s scripts/test-python-gpu.sh", bad[i]);
-        const int rc = run(command, out, sizeof out);
-        cr_assert_eq(rc, 2, "SYMM_TEST_PY_WORLD=%s: exit status %d: %s", bad[i], rc, out);
-        cr_assert(strstr(out, "expected 2 to 8 ranks"), "SYMM_TEST_PY_WORLD=%s: %s", bad[i], out);
+        expect_refused(command, "expected 2 to 8 ranks", out, sizeof out);
     }
 }
 
