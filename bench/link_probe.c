@@ -5,7 +5,6 @@
  *   symmrun -n 2 --gpus 0,1 link_probe [--mib N] [--sms LIST] [--reps N]
  *   symmrun -n 1 link_probe ...                 (one GPU: local copies only)
  *   symmrun -n 2 --gpus 0 link_probe --shared-gpu ...  (under CUDA MPS: a proxy)
- *   link_probe --check-source                   (the kernels compile; no GPU)
  *
  * Every rank runs the same kernel at once on SMS blocks of 512 threads (one
  * block an SM), over N MiB, on a symmetric buffer of three N MiB regions
@@ -38,8 +37,8 @@
  * LL128 layout), polled line by line: no fence, no flag (bench/NOTES.md
  * Next, issue 28.4). The payload is made from the call's number, so a line
  * read torn or a share read early counts as a mismatch and the row is
- * WRONG. --check-source compiles the kernels (NVRTC, sm_90a) and stops: no
- * GPU needed.
+ * WRONG. The kernels' source is link_probe_kernels.h (make test compiles
+ * it: tests/cpu/test_scripts.c).
  * A row's time is the slowest rank's (an allgather) per repetition; the table
  * gives the median and p90 over --reps, the bytes each SM loads and stores
  * per second (the SM's traffic), and the bytes that cross to or from the peer
@@ -64,234 +63,7 @@
 #define MAX_SMS_LIST 16
 #define CHUNK 7168 /* bytes of a tma chunk: two a warp fill 224 KiB of shared memory */
 
-static const char probe_source[] =
-    "typedef unsigned long long u64;\n"
-    "typedef unsigned u32;\n"
-    "__device__ __forceinline__ u32 smem(const void *p) { return (u32)__cvta_generic_to_shared(p); }\n"
-    "__device__ __forceinline__ void bar_wait(u64 *bar, u32 phase) {\n"
-    "    u32 done;\n"
-    "    do {\n"
-    "        asm volatile(\"{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; \"\n"
-    "                     \"selp.u32 %0, 1, 0, p; }\" : \"=r\"(done) : \"r\"(smem(bar)), \"r\"(phase) : \"memory\");\n"
-    "    } while (!done);\n"
-    "}\n"
-    "// Chunks of `chunk` bytes, chunk c by warp c mod (blocks * 16), each through\n"
-    "// one of the warp's two staging slots: load (TMA), wait, store (TMA). SPREAD:\n"
-    "// chunk c goes to peer c mod npeers (dst.p[that]) at its own offset, so that\n"
-    "// every link carries a share at every moment, as dispatch's rows do; else\n"
-    "// every chunk to dst.p[0].\n"
-    "struct Peers { char *p[7]; };\n"
-    "template <bool SPREAD> __device__ __forceinline__ void tma_body(const char *src, const Peers &dst, u32 npeers, u64 bytes, u32 chunk)\n"
-    "{\n"
-    "    extern __shared__ __align__(128) char buf[];\n"
-    "    __shared__ u64 bars[32];\n"
-    "    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
-    "    u64 *bar = bars + 2 * warp;\n"
-    "    char *slots = buf + 2 * warp * chunk;\n"
-    "    if (lane < 2) {\n"
-    "        asm volatile(\"mbarrier.init.shared::cta.b64 [%0], 1;\" ::\"r\"(smem(bar + lane)) : \"memory\");\n"
-    "        asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
-    "    }\n"
-    "    __syncwarp();\n"
-    "    const u64 chunks = (bytes + chunk - 1) / chunk, warps = (u64)gridDim.x * 16;\n"
-    "    u32 phases = 0, s = 0;\n"
-    "    for (u64 c = (u64)blockIdx.x * 16 + warp; c < chunks; c += warps) {\n"
-    "        const u32 len = (u32)(bytes - c * chunk < chunk ? bytes - c * chunk : chunk);\n"
-    "        char *d = SPREAD ? dst.p[c % npeers] : dst.p[0];\n"
-    "        if (lane == 0) {\n"
-    "            asm volatile(\"cp.async.bulk.wait_group.read 1;\" ::: \"memory\");\n"
-    "            asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\" ::\"r\"(smem(bar + s)), \"r\"(len) : \"memory\");\n"
-    "            asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\"\n"
-    "                         ::\"r\"(smem(slots + s * chunk)), \"l\"(src + c * chunk), \"r\"(len), \"r\"(smem(bar + s)) : \"memory\");\n"
-    "            bar_wait(bar + s, (phases >> s) & 1);\n"
-    "            asm volatile(\"cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\"\n"
-    "                         ::\"l\"(d + c * chunk), \"r\"(smem(slots + s * chunk)), \"r\"(len) : \"memory\");\n"
-    "            asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");\n"
-    "        }\n"
-    "        phases ^= 1u << s;\n"
-    "        s ^= 1;\n"
-    "    }\n"
-    "    if (lane == 0)\n"
-    "        asm volatile(\"cp.async.bulk.wait_group 0;\" ::: \"memory\");\n"
-    "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) tma_copy(const char *src, char *dst, u64 bytes, u32 chunk)\n"
-    "{\n"
-    "    Peers one;\n"
-    "    one.p[0] = dst;\n"
-    "    tma_body<false>(src, one, 1, bytes, chunk);\n"
-    "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) tma_spread(const char *src, Peers dst, u32 npeers, u64 bytes, u32 chunk)\n"
-    "{\n"
-    "    tma_body<true>(src, dst, npeers, bytes, chunk);\n"
-    "}\n"
-    "// Through the lanes: vector i to dst.p[0], or (SPREAD) to the peer of its\n"
-    "// chunk, i / (chunk / 16).\n"
-    "template <bool SPREAD> __device__ __forceinline__ void lsu_body(const int4 *src, const Peers &dst, u32 npeers, u64 n, u32 chunk)\n"
-    "{\n"
-    "    const u64 stride = (u64)gridDim.x * 512, per = chunk / 16;\n"
-    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
-    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
-    "        int4 v[8];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < 8; u++) v[u] = src[i + u * stride];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < 8; u++) {\n"
-    "            const u64 j = i + u * stride;\n"
-    "            reinterpret_cast<int4 *>(SPREAD ? dst.p[(j / per) % npeers] : dst.p[0])[j] = v[u];\n"
-    "        }\n"
-    "    }\n"
-    "    for (; i < n; i += stride) reinterpret_cast<int4 *>(SPREAD ? dst.p[(i / per) % npeers] : dst.p[0])[i] = src[i];\n"
-    "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_copy(const int4 *src, int4 *dst, u64 n)\n"
-    "{\n"
-    "    Peers one;\n"
-    "    one.p[0] = reinterpret_cast<char *>(dst);\n"
-    "    lsu_body<false>(src, one, 1, n, 16);\n"
-    "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_spread(const int4 *src, Peers dst, u32 npeers, u64 n, u32 chunk)\n"
-    "{\n"
-    "    lsu_body<true>(src, dst, npeers, n, chunk);\n"
-    "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_sum(const float4 *a, const float4 *b, float4 *out, u64 n)\n"
-    "{\n"
-    "    const u64 stride = (u64)gridDim.x * 512;\n"
-    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
-    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
-    "        float4 x[8], y[8];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < 8; u++) { x[u] = a[i + u * stride]; y[u] = b[i + u * stride]; }\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < 8; u++)\n"
-    "            out[i + u * stride] = make_float4(x[u].x + y[u].x, x[u].y + y[u].y, x[u].z + y[u].z, x[u].w + y[u].w);\n"
-    "    }\n"
-    "    for (; i < n; i += stride) {\n"
-    "        const float4 x = a[i], y = b[i];\n"
-    "        out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);\n"
-    "    }\n"
-    "}\n"
-    "// Loads alone: each thread adds up its vectors and stores the sum once.\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_load(const uint4 *src, u64 n, uint4 *sink)\n"
-    "{\n"
-    "    const u64 stride = (u64)gridDim.x * 512;\n"
-    "    u64 i = (u64)blockIdx.x * 512 + threadIdx.x;\n"
-    "    uint4 acc = make_uint4(0, 0, 0, 0);\n"
-    "    for (; i + 7 * stride < n; i += 8 * stride) {\n"
-    "        uint4 v[8];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < 8; u++) v[u] = src[i + u * stride];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < 8; u++) { acc.x += v[u].x; acc.y += v[u].y; acc.z += v[u].z; acc.w += v[u].w; }\n"
-    "    }\n"
-    "    for (; i < n; i += stride) { const uint4 v = src[i]; acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w; }\n"
-    "    sink[(u64)blockIdx.x * 512 + threadIdx.x] = acc;\n"
-    "}\n"
-    "// Stores alone.\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) lsu_store(uint4 *dst, u64 n, u32 word)\n"
-    "{\n"
-    "    const u64 stride = (u64)gridDim.x * 512;\n"
-    "    const uint4 v = make_uint4(word, word, word, word);\n"
-    "    for (u64 i = (u64)blockIdx.x * 512 + threadIdx.x; i < n; i += stride) dst[i] = v;\n"
-    "}\n"
-    "// Exchanges (bench/NOTES.md Next, issue 28.4): every rank sends a message of\n"
-    "// `msg` bytes to rank + 1 and takes one from rank - 1, `iters` times in one\n"
-    "// launch (iteration i in slice i of B, so nothing is overwritten within a\n"
-    "// launch), the message split over every warp of the grid, and the time per\n"
-    "// iteration is what it takes from the first store to the receiver having\n"
-    "// checked the last byte. The payload is made on the fly from the call's\n"
-    "// number, so a line read torn (old bytes beside new ones) is a mismatch,\n"
-    "// counted in *bad.\n"
-    "//   xchg_flag: the warp's share stored with 16-byte lane stores, then lane 0\n"
-    "//     fences at system scope and stores the share's flag; the receiver's warp\n"
-    "//     waits for the flag (acquire), then reads the share;\n"
-    "//   xchg_line: 128-byte lines of 120 bytes of payload and the call's number\n"
-    "//     in the last 8 (the LL128 layout), stored 16 bytes a lane, 8 lanes a\n"
-    "//     line; the receiver polls each line's number and reads the line once it\n"
-    "//     is this call's: no fence, no flag.\n"
-    "__device__ __forceinline__ unsigned xword(u64 seq, u64 index, unsigned src)\n"
-    "{\n"
-    "    return (unsigned)(seq * 2654435761ull) ^ (unsigned)(index * 40503u) ^ (src << 28);\n"
-    "}\n"
-    "__device__ __forceinline__ void st_v2(void *p, u64 a, u64 b)\n"
-    "{\n"
-    "    asm volatile(\"st.volatile.global.v2.u64 [%0], {%1, %2};\" ::\"l\"(p), \"l\"(a), \"l\"(b) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void ld_v2(const void *p, u64 &a, u64 &b)\n"
-    "{\n"
-    "    asm volatile(\"ld.volatile.global.v2.u64 {%0, %1}, [%2];\" : \"=l\"(a), \"=l\"(b) : \"l\"(p) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ u64 pack2(unsigned lo, unsigned hi) { return (u64)lo | ((u64)hi << 32); }\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) xchg_flag(char *peer_b, const char *own_b, u64 *peer_flags,\n"
-    "    const u64 *own_flags, u64 msg, u64 slice, u32 iters, u64 seq0, u32 me, u32 src, unsigned *bad)\n"
-    "{\n"
-    "    const u32 lane = threadIdx.x % 32;\n"
-    "    const u64 warps = (u64)gridDim.x * 16, w = (u64)blockIdx.x * 16 + threadIdx.x / 32;\n"
-    "    const u64 vecs = msg / 16, per = (vecs + warps - 1) / warps, v0 = w * per, v1 = v0 + per < vecs ? v0 + per : vecs;\n"
-    "    unsigned wrong = 0;\n"
-    "    for (u32 i = 0; i < iters; i++) {\n"
-    "        const u64 seq = seq0 + i;\n"
-    "        char *out = peer_b + i * slice;\n"
-    "        for (u64 v = v0 + lane; v < v1; v += 32)\n"
-    "            st_v2(out + v * 16, pack2(xword(seq, 4 * v, me), xword(seq, 4 * v + 1, me)),\n"
-    "                  pack2(xword(seq, 4 * v + 2, me), xword(seq, 4 * v + 3, me)));\n"
-    "        __syncwarp();\n"
-    "        if (lane == 0) {\n"
-    "            asm volatile(\"fence.acq_rel.sys;\" ::: \"memory\");\n"
-    "            asm volatile(\"st.relaxed.sys.global.u64 [%0], %1;\" ::\"l\"(peer_flags + (u64)i * warps + w), \"l\"(seq) : \"memory\");\n"
-    "            u64 f;\n"
-    "            do\n"
-    "                asm volatile(\"ld.acquire.sys.global.u64 %0, [%1];\" : \"=l\"(f) : \"l\"(own_flags + (u64)i * warps + w) : \"memory\");\n"
-    "            while (f < seq);\n"
-    "        }\n"
-    "        __syncwarp();\n"
-    "        const char *in = own_b + i * slice;\n"
-    "        for (u64 v = v0 + lane; v < v1; v += 32) {\n"
-    "            u64 a, b;\n"
-    "            ld_v2(in + v * 16, a, b);\n"
-    "            wrong += a != pack2(xword(seq, 4 * v, src), xword(seq, 4 * v + 1, src));\n"
-    "            wrong += b != pack2(xword(seq, 4 * v + 2, src), xword(seq, 4 * v + 3, src));\n"
-    "        }\n"
-    "    }\n"
-    "    if (wrong)\n"
-    "        atomicAdd(bad, wrong);\n"
-    "}\n"
-    "extern \"C\" __global__ void __launch_bounds__(512, 1) xchg_line(char *peer_b, const char *own_b, u64 msg, u64 slice,\n"
-    "    u32 iters, u64 seq0, u32 me, u32 src, unsigned *bad)\n"
-    "{\n"
-    "    const u32 lane = threadIdx.x % 32, part = lane % 8;\n"
-    "    const u64 warps = (u64)gridDim.x * 16, w = (u64)blockIdx.x * 16 + threadIdx.x / 32;\n"
-    "    // Lines of 120 bytes of payload (30 words); a warp's share in groups of\n"
-    "    // four lines (one 512-byte store of the warp).\n"
-    "    const u64 lines = (msg + 119) / 120, groups = (lines + 3) / 4, per = (groups + warps - 1) / warps;\n"
-    "    const u64 g0 = w * per, g1 = g0 + per < groups ? g0 + per : groups;\n"
-    "    unsigned wrong = 0;\n"
-    "    for (u32 i = 0; i < iters; i++) {\n"
-    "        const u64 seq = seq0 + i;\n"
-    "        char *out = peer_b + i * slice;\n"
-    "        for (u64 g = g0; g < g1; g++) {\n"
-    "            const u64 line = 4 * g + lane / 8, word = line * 30 + part * 4;\n"
-    "            const u64 a = pack2(xword(seq, word, me), xword(seq, word + 1, me));\n"
-    "            const u64 b = part < 7 ? pack2(xword(seq, word + 2, me), xword(seq, word + 3, me)) : seq;\n"
-    "            st_v2(out + line * 128 + part * 16, a, b);\n"
-    "        }\n"
-    "        const char *in = own_b + i * slice;\n"
-    "        for (u64 g = g0; g < g1; g++) {\n"
-    "            const u64 line = 4 * g + lane / 8, word = line * 30 + part * 4;\n"
-    "            u64 a, b;\n"
-    "            for (;;) {\n"
-    "                ld_v2(in + line * 128 + part * 16, a, b);\n"
-    "                // Lane 8k + 7 holds line k's number: every line of the group in.\n"
-    "                const bool in_line = __shfl_sync(0xffffffffu, b, (lane / 8) * 8 + 7) == seq;\n"
-    "                if (__all_sync(0xffffffffu, in_line))\n"
-    "                    break;\n"
-    "            }\n"
-    "            wrong += a != pack2(xword(seq, word, src), xword(seq, word + 1, src));\n"
-    "            if (part < 7)\n"
-    "                wrong += b != pack2(xword(seq, word + 2, src), xword(seq, word + 3, src));\n"
-    "        }\n"
-    "    }\n"
-    "    if (wrong)\n"
-    "        atomicAdd(bad, wrong);\n"
-    "}\n";
+#include "link_probe_kernels.h"
 
 typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_COUNT } kernel_kind;
 /* M_SPREAD: push to every peer at once, chunk c (CHUNK bytes) to the
@@ -309,7 +81,6 @@ typedef struct probe {
     int sms[MAX_SMS_LIST];
     int n_sms;
     bool shared_gpu;
-    bool check_source; /* --check-source: compile the kernels for sm_90a and stop (no GPU needed) */
     CUmodule mod;
     CUfunction fn[K_COUNT];
     CUfunction spread[2]; /* tma_spread, lsu_spread */
@@ -341,7 +112,7 @@ static int usage(const char *fmt, const char *arg)
     fputs("link_probe: ", stderr);
     fprintf(stderr, fmt, arg);
     fputs("\nusage: symmrun -n N [--gpus LIST] link_probe [--mib N] [--sms LIST] [--reps N] [--xchg-kib N] "
-          "[--shared-gpu] [--check-source]\n", stderr);
+          "[--shared-gpu]\n", stderr);
     return 2;
 }
 
@@ -371,10 +142,6 @@ static int parse_args(probe *p, int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "--shared-gpu")) {
             p->shared_gpu = true;
-            continue;
-        }
-        if (!strcmp(a, "--check-source")) {
-            p->check_source = true;
             continue;
         }
         if (i + 1 >= argc)
@@ -727,24 +494,6 @@ int main(int argc, char **argv)
     int rc = parse_args(&p, argc, argv);
     if (rc)
         return rc;
-    if (p.check_source) { /* NVRTC alone: the kernels compile for sm_90a without a warning */
-        symm_jit_request req = {.source = probe_source, .source_name = "link_probe.cu", .arch = "sm_90a",
-                                .flags = SYMM_JIT_NO_CACHE};
-        symm_jit_result res;
-        symm_status cst = symm_jit_compile(&req, &res);
-        if (cst != SYMM_OK) {
-            fprintf(stderr, "link_probe: the probe kernels do not compile: %s: %s\n", symm_status_name(cst),
-                    symm_last_error());
-            return 2;
-        }
-        const bool quiet = !res.log || !res.log[0];
-        if (!quiet)
-            fprintf(stderr, "link_probe: NVRTC warns on the probe kernels:\n%s\n", res.log);
-        else
-            printf("link_probe: the probe kernels compile for sm_90a (%zu bytes of cubin)\n", res.cubin_size);
-        symm_jit_result_free(&res);
-        return quiet ? 0 : 2;
-    }
     symm_status st = symm_world_create_from_env(&p.world);
     if (st != SYMM_OK) {
         fprintf(stderr, "link_probe: %s: %s (start it with symmrun)\n", symm_status_name(st), symm_last_error());

@@ -7,15 +7,23 @@
  * GPU (the values it accepts would start the GPU tests on a GPU host, so
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
  * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else;
- * bench/link_probe's kernels, which NVRTC compiles only on a GPU host at
- * run time, compile here without a warning (--check-source). Run from the
- * repository root, as make test does. */
+ * bench/link_probe's kernels (link_probe_kernels.h), which NVRTC compiles
+ * only on a GPU host at run time, compile here without a warning. Run from
+ * the repository root, as make test does. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "symm_jit.h"
+
+#include "../../bench/link_probe_kernels.h"
+
+/* The kernels link_probe looks up by name. */
+static const char *const kernels[] = {"tma_copy", "tma_spread", "lsu_copy", "lsu_spread", "lsu_sum",
+                                      "lsu_load", "lsu_store", "xchg_flag", "xchg_line"};
 
 /* Runs `command` through the shell; its stdout and stderr in out. */
 static int run(const char *command, char *out, size_t size)
@@ -161,10 +169,15 @@ Test(test_python_gpu, refuses_a_world_outside_2_to_8_before_anything_else)
 
 Test(link_probe, its_kernels_compile_for_sm_90a_without_a_warning)
 {
-    const char *build = getenv("SYMM_BUILD_DIR");
-    char command[512], out[4096];
-    snprintf(command, sizeof command, "%s/bench/link_probe --check-source", build && *build ? build : "build");
-    const int rc = run(command, out, sizeof out);
-    cr_assert_eq(rc, 0, "%s: exit status %d: %s", command, rc, out);
-    cr_assert(strstr(out, "the probe kernels compile for sm_90a"), "%s: %s", command, out);
+    symm_jit_request req = {.source = probe_source, .source_name = "link_probe.cu", .arch = "sm_90a",
+                            .flags = SYMM_JIT_NO_CACHE};
+    symm_jit_result res;
+    const symm_status st = symm_jit_compile(&req, &res);
+    cr_assert_eq(st, SYMM_OK, "link_probe's kernels: %s: %s", symm_status_name(st), symm_last_error());
+    cr_assert(res.cubin_size > 0, "link_probe's kernels: no cubin");
+    cr_assert(!res.log || !res.log[0], "link_probe's kernels: NVRTC warns: %s", res.log);
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        cr_assert(memmem(res.cubin, res.cubin_size, kernels[i], strlen(kernels[i]) + 1),
+                  "link_probe's kernels: no %s in the cubin", kernels[i]);
+    symm_jit_result_free(&res);
 }
