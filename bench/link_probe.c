@@ -345,6 +345,56 @@ static int by_value(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* A launch of the probe's kernel `what` in mode `how` at sms blocks (the
+ * rows' kernel_kind and mode_kind, or an exchange's kind). */
+typedef void (*launcher)(probe *p, int what, int how, int sms);
+
+/* --reps timed launches of go, each after this rank's work is done and a
+ * barrier of every rank: a launch's time is the slowest rank's, divided by
+ * `calls` (the calls it makes); its median and p90 in *p50 and *p90. */
+static void time_reps(probe *p, launcher go, int what, int how, int sms, int calls, double *p50, double *p90)
+{
+    double *gathered = calloc((size_t)p->size, sizeof *gathered);
+    if (!gathered)
+        die(p, "time_reps", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
+    for (int i = 0; i < p->reps; i++) {
+        CU(p, cuStreamSynchronize(p->stream));
+        check(p, symm_world_barrier(p->world), "barrier");
+        CU(p, cuEventRecord(p->ev[0], p->stream));
+        go(p, what, how, sms);
+        CU(p, cuEventRecord(p->ev[1], p->stream));
+        CU(p, cuEventSynchronize(p->ev[1]));
+        float ms = 0;
+        CU(p, cuEventElapsedTime(&ms, p->ev[0], p->ev[1]));
+        double us = (double)ms * 1e3 / calls;
+        check(p, symm_world_allgather(p->world, &us, gathered, sizeof us), "allgather");
+        double worst = 0;
+        for (int r = 0; r < p->size; r++)
+            worst = gathered[r] > worst ? gathered[r] : worst;
+        p->samples[i] = worst;
+    }
+    free(gathered);
+    qsort(p->samples, (size_t)p->reps, sizeof *p->samples, by_value);
+    *p50 = p->samples[p->reps / 2];
+    *p90 = p->samples[(p->reps * 9) / 10];
+}
+
+/* Rank 0 prints a row of the table: `traffic` bytes each SM loads and
+ * stores, `remote` bytes that cross per GPU, in a call of p50 us. */
+static void print_row(const probe *p, const char *kern, const char *mode, int sms, double p50, double p90,
+                      double traffic, double remote, bool ok)
+{
+    if (p->rank == 0)
+        printf("%-4s %-6s %4d  %9.1f %9.1f  %9.1f  %9.1f  %9.1f  %s\n", kern, mode, sms, p50, p90,
+               traffic / p50 / 1e3, traffic / p50 / 1e3 / sms, remote / p50 / 1e3, ok ? "ok" : "WRONG");
+    fflush(stdout);
+}
+
+static void launch_row(probe *p, int k, int m, int sms)
+{
+    launch(p, (kernel_kind)k, (mode_kind)m, sms);
+}
+
 static void row(probe *p, kernel_kind k, mode_kind m, int sms)
 {
     static const char *const kname[K_COUNT] = {"tma", "lsu", "sum", "load", "store"};
@@ -353,45 +403,23 @@ static void row(probe *p, kernel_kind k, mode_kind m, int sms)
     launch(p, k, m, sms);
     bool ok = check_result(p, k, m, sms);
     int all_ok = ok, sum_ok = 0;
-    double *gathered = calloc((size_t)p->size, sizeof *gathered);
     int *oks = calloc((size_t)p->size, sizeof *oks);
-    if (!gathered || !oks)
+    if (!oks)
         die(p, "row", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
     check(p, symm_world_allgather(p->world, &all_ok, oks, sizeof all_ok), "allgather");
     for (int r = 0; r < p->size; r++)
         sum_ok += oks[r];
+    free(oks);
     for (int i = 0; i < 3; i++)
         launch(p, k, m, sms); /* warm-up */
-    for (int i = 0; i < p->reps; i++) {
-        CU(p, cuStreamSynchronize(p->stream));
-        check(p, symm_world_barrier(p->world), "barrier");
-        CU(p, cuEventRecord(p->ev[0], p->stream));
-        launch(p, k, m, sms);
-        CU(p, cuEventRecord(p->ev[1], p->stream));
-        CU(p, cuEventSynchronize(p->ev[1]));
-        float ms = 0;
-        CU(p, cuEventElapsedTime(&ms, p->ev[0], p->ev[1]));
-        double us = (double)ms * 1e3;
-        check(p, symm_world_allgather(p->world, &us, gathered, sizeof us), "allgather");
-        double worst = 0;
-        for (int r = 0; r < p->size; r++)
-            worst = gathered[r] > worst ? gathered[r] : worst;
-        p->samples[i] = worst;
-    }
-    qsort(p->samples, (size_t)p->reps, sizeof *p->samples, by_value);
-    const double p50 = p->samples[p->reps / 2], p90 = p->samples[(p->reps * 9) / 10];
+    double p50, p90;
+    time_reps(p, launch_row, k, m, sms, 1, &p50, &p90);
     /* Bytes each SM loads and stores; bytes that cross per GPU. */
     const double traffic = (double)p->bytes * (k == K_SUM ? 3 : k == K_LOAD || k == K_STORE ? 1 : 2);
     const double remote = m == M_LOCAL ? 0 : (double)p->bytes;
-    if (p->rank == 0)
-        printf("%-4s %-6s %4d  %9.1f %9.1f  %9.1f  %9.1f  %9.1f  %s\n", kname[k], mname[m], sms, p50, p90,
-               traffic / p50 / 1e3, traffic / p50 / 1e3 / sms, remote / p50 / 1e3,
-               sum_ok == p->size ? "ok" : "WRONG");
-    fflush(stdout);
+    print_row(p, kname[k], mname[m], sms, p50, p90, traffic, remote, sum_ok == p->size);
     if (sum_ok != p->size)
         p->failed = 1;
-    free(gathered);
-    free(oks);
 }
 
 /* The exchanges (xchg_flag, xchg_line in probe_source): XCHG_ITERS calls a
@@ -410,8 +438,10 @@ static bool xchg_fits(const probe *p)
     return XCHG_ITERS * xchg_slice(p) <= XCHG_FLAGS && p->bytes >= XCHG_FLAGS + ((size_t)1 << 20);
 }
 
-static void xchg_launch(probe *p, int line, int sms)
+/* Exchange kind `line` (0 flag, 1 line; `how` unused: a launcher). */
+static void xchg_launch(probe *p, int line, int how, int sms)
 {
+    (void)how;
     const int prev = (p->rank + p->size - 1) % p->size;
     CUdeviceptr peer_b = region(p, p->peer, 1), own_b = region(p, p->rank, 1);
     CUdeviceptr peer_flags = peer_b + XCHG_FLAGS, own_flags = own_b + XCHG_FLAGS, bad = region(p, p->rank, 2);
@@ -424,7 +454,7 @@ static void xchg_launch(probe *p, int line, int sms)
                          NULL));
 }
 
-/* One exchange row: a checked launch, warm-ups, then --reps timed launches,
+/* One exchange row: three warm-up launches, then --reps timed launches,
  * each XCHG_ITERS calls; the time is a call's (the slowest rank's launch /
  * XCHG_ITERS). "SMs GB/s" counts the bytes on the wire (the lines' numbers
  * too), "remote GB/s" the message. Every call of every launch is checked: a
@@ -439,52 +469,31 @@ static void xchg_row(probe *p, int line, int sms)
     CU(p, cuMemsetD32Async(region(p, p->rank, 2), 0, 1, p->stream));
     CU(p, cuStreamSynchronize(p->stream));
     check(p, symm_world_barrier(p->world), "barrier");
-    double *gathered = calloc((size_t)p->size, sizeof *gathered);
-    unsigned *bads = calloc((size_t)p->size, sizeof *bads);
-    if (!gathered || !bads)
-        die(p, "xchg_row", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 3; i++) { /* warm-up (checked with the rest) */
         CU(p, cuStreamSynchronize(p->stream));
         check(p, symm_world_barrier(p->world), "barrier");
-        xchg_launch(p, line, sms); /* the first checked with the rest; warm-up */
+        xchg_launch(p, line, 0, sms);
     }
-    for (int i = 0; i < p->reps; i++) {
-        CU(p, cuStreamSynchronize(p->stream));
-        check(p, symm_world_barrier(p->world), "barrier");
-        CU(p, cuEventRecord(p->ev[0], p->stream));
-        xchg_launch(p, line, sms);
-        CU(p, cuEventRecord(p->ev[1], p->stream));
-        CU(p, cuEventSynchronize(p->ev[1]));
-        float ms = 0;
-        CU(p, cuEventElapsedTime(&ms, p->ev[0], p->ev[1]));
-        double us = (double)ms * 1e3 / XCHG_ITERS;
-        check(p, symm_world_allgather(p->world, &us, gathered, sizeof us), "allgather");
-        double worst = 0;
-        for (int r = 0; r < p->size; r++)
-            worst = gathered[r] > worst ? gathered[r] : worst;
-        p->samples[i] = worst;
-    }
+    double p50, p90;
+    time_reps(p, xchg_launch, line, 0, sms, XCHG_ITERS, &p50, &p90);
     CU(p, cuStreamSynchronize(p->stream));
     unsigned bad = 0;
     CU(p, cuMemcpyDtoH(&bad, region(p, p->rank, 2), sizeof bad));
+    unsigned *bads = calloc((size_t)p->size, sizeof *bads);
+    if (!bads)
+        die(p, "xchg_row", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
     check(p, symm_world_allgather(p->world, &bad, bads, sizeof bad), "allgather");
     unsigned long long all_bad = 0;
     for (int r = 0; r < p->size; r++)
         all_bad += bads[r];
+    free(bads);
     if (bad)
         fprintf(stderr, "link_probe: rank %d: xchg %s at %d SMs: %u words read were not their call's\n", p->rank,
                 line ? "line" : "flag", sms, bad);
-    qsort(p->samples, (size_t)p->reps, sizeof *p->samples, by_value);
-    const double p50 = p->samples[p->reps / 2], p90 = p->samples[(p->reps * 9) / 10];
     const double msg = (double)p->xchg_bytes, wire = line ? msg / 120.0 * 128.0 : msg;
-    if (p->rank == 0)
-        printf("%-4s %-6s %4d  %9.1f %9.1f  %9.1f  %9.1f  %9.1f  %s\n", line ? "line" : "flag", "xchg", sms, p50, p90,
-               wire / p50 / 1e3, wire / p50 / 1e3 / sms, msg / p50 / 1e3, all_bad == 0 ? "ok" : "WRONG");
-    fflush(stdout);
+    print_row(p, line ? "line" : "flag", "xchg", sms, p50, p90, wire, msg, all_bad == 0);
     if (all_bad)
         p->failed = 1;
-    free(gathered);
-    free(bads);
 }
 
 int main(int argc, char **argv)
