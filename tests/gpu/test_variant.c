@@ -970,6 +970,21 @@ static void expect_nothing_leaked(vt *t, int fds_before, size_t free_before)
               free_before - free_after);
 }
 
+/* The end of a test that checks destroy frees everything: every rank done,
+ * `made` (a case uploaded after the snapshot; may be NULL) freed, the
+ * variant destroyed, nothing leaked against the snapshot, then `warm` (the
+ * case of the warm-up before it) freed. */
+static void end_leak_test(vt *t, gpu_case *made, gpu_case *warm, int fds_before, size_t free_before)
+{
+    EXPECT_OK(symm_world_barrier(t->c.world));
+    if (made)
+        gpu_case_free(made);
+    vt_close(t);
+    expect_nothing_leaked(t, fds_before, free_before);
+    gpu_case_free(warm);
+    vt_finish(t);
+}
+
 /* Seconds until the stream's work is done; fails the test after limit_s,
  * so that a device wait that never gives up is reported, not waited for. */
 static double drain(const vt *t, double t0, double limit_s, const char *what)
@@ -1066,12 +1081,7 @@ Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_f
                   "rank %d: a variant this rank never called reports %s, calls %" PRIu64 ", timed_out %d",
                   t.c.rank, symm_status_name(st), s.calls, s.timed_out);
     }
-    EXPECT_OK(symm_world_barrier(t.c.world));
-    vt_close(&t);
-    expect_nothing_leaked(&t, fds_before, free_before);
-
-    gpu_case_free(&c);
-    vt_finish(&t);
+    end_leak_test(&t, NULL, &c, fds_before, free_before);
 }
 
 /* Every rank dispatches, then only rank 0 combines: its combine waits for
@@ -1121,12 +1131,7 @@ static void combine_alone(const char *tag, want w)
                   "rank 0 (%s): the timed-out combine took %.3f s, expected about the variant's timeout of %g s",
                   t.name, took, timeout);
     }
-    EXPECT_OK(symm_world_barrier(t.c.world));
-    gpu_case_free(&c);
-    vt_close(&t);
-    expect_nothing_leaked(&t, fds_before, free_before);
-    gpu_case_free(&warm);
-    vt_finish(&t);
+    end_leak_test(&t, &c, &warm, fds_before, free_before);
 }
 
 Test(variant, combine_without_its_peers_times_out_naming_one_then_destroy_frees_everything)
@@ -1281,12 +1286,7 @@ Test(variant, auto_combine_with_y_placed_differently_fails_fast_on_every_rank_th
     cr_assert(second < 1.0, "rank %d: a call after a mismatch took %.3f s on the device, expected it to fail fast",
               me, second);
 
-    EXPECT_OK(symm_world_barrier(t.c.world));
-    gpu_case_free(&c);
-    vt_close(&t);
-    expect_nothing_leaked(&t, fds_before, free_before);
-    gpu_case_free(&warm);
-    vt_finish(&t);
+    end_leak_test(&t, &c, &warm, fds_before, free_before);
 }
 
 /* The NCCL backend waits on the host: when a peer stops arriving, rank 0's
@@ -1351,11 +1351,7 @@ Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destro
         /* NCCL's all-gather kernel was left waiting; the abort lets it return. */
         drain(&t, now_s(), 10.0, "the aborted count exchange");
     }
-    EXPECT_OK(symm_world_barrier(t.c.world));
-    vt_close(&t);
-    expect_nothing_leaked(&t, fds_before, free_before);
-    gpu_case_free(&c);
-    vt_finish(&t);
+    end_leak_test(&t, NULL, &c, fds_before, free_before);
 }
 
 /* ---- 3. T from device memory --------------------------------------------------------------- */
