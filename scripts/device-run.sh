@@ -147,12 +147,7 @@ for s in "$@"; do
             step check-w4-regs 240 env SYMM_TUNE=PUSH_PARTIALS=1,PARTIAL_REGS=1 $run -n 4 --gpus "$gpus" -- \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5
         fi
-        for tool in memcheck racecheck; do
-            step "sanitizer-$tool-regs" 300 env SYMM_TUNE=PUSH_PARTIALS=1,PARTIAL_REGS=1 $run -n 2 --gpus "$gpus" -- \
-                compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests-gpu/check" \
-                --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
-        done
+        expert_sanitizers regs PUSH_PARTIALS=1,PARTIAL_REGS=1
         step regs-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/regs" BENCH_WORLD="$ngpu" scripts/bench-tune.sh \
             --groups "${REGS_GROUPS:-g}" --rounds "${REGS_ROUNDS:-2}" default PARTIAL_REGS=1 PUSH_PARTIALS=0
           [ -f "$out/regs/tune.md" ] && cp "$out/regs/tune.md" "$final/regs.md" ;;
