@@ -142,8 +142,16 @@ static symm_status dynamic_smem(symm_variant *v, CUmodule module, CUfunction fn,
     *out = 0;
     CUdeviceptr ptr = 0;
     size_t bytes = 0;
-    if (cu->cuModuleGetGlobal(&ptr, &bytes, module, symbol) != CUDA_SUCCESS || bytes != sizeof(int))
-        return SYMM_OK;
+    /* Every kernel symmgen emits says how much it needs, zero included: a
+     * module without the symbol is not symmgen's (or not this version's),
+     * and launching it with none would overrun its staging buffers. */
+    const CUresult r = cu->cuModuleGetGlobal(&ptr, &bytes, module, symbol);
+    if (r != CUDA_SUCCESS || bytes != sizeof(int))
+        return symm_fail(SYMM_ERR_UNSUPPORTED,
+                         "symm_variant_create: variant %s: its kernels do not define %s (an int, the bytes of dynamic "
+                         "shared memory they launch with): %s; regenerate the variant with this symmgen",
+                         v->desc->name, symbol,
+                         r != CUDA_SUCCESS ? "not found in the compiled module" : "not the size of an int");
     int smem = 0;
     SYMM_CU(cu, cuMemcpyDtoH(&smem, ptr, sizeof smem));
     if (smem < 0)

@@ -1750,6 +1750,46 @@ Test(variant, variant_of_another_world_size_is_refused_before_any_collective)
     vt_end(&t);
 }
 
+/* Kernels that do not say how much dynamic shared memory they launch with
+ * (a source that is not symmgen's, here the combine's size symbol renamed)
+ * are refused at create, naming the symbol, on every rank; the world is
+ * still usable after. */
+Test(variant, kernels_without_their_shared_memory_size_are_refused_naming_the_symbol)
+{
+    vt t;
+    vt_setup(&t, "smem-symbol", ANY, 0);
+    symm_manifest *m = NULL;
+    symm_status st = symm_manifest_open(t.manifest, &m);
+    cr_assert(st == SYMM_OK, "rank %d: symm_manifest_open(%s): %s", t.c.rank, t.manifest, symm_last_error());
+    const symm_variant_desc *d = NULL;
+    st = symm_manifest_variant(m, t.name, &d);
+    cr_assert(st == SYMM_OK, "rank %d: symm_manifest_variant(%s): %s", t.c.rank, t.name, symm_last_error());
+    const char *def = "symm_combine_smem = ";
+    const char *at = strstr(d->source, def);
+    cr_assert_not_null(at, "%s: its source defines no \"%s\"", t.name, def);
+    char *source = strdup(d->source);
+    cr_assert_not_null(source);
+    source[at - d->source + strlen("symm_combine_sme")] = 'X'; /* symm_combine_smeX */
+    symm_variant_desc bad = *d;
+    bad.source = source;
+    bad.source_len = strlen(source);
+    symm_variant *v = (symm_variant *)&v;
+    symm_variant_options o = native_options();
+    st = symm_variant_create(t.c.world, &bad, &o, &v);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", symm_last_error());
+    cr_assert(st == SYMM_ERR_UNSUPPORTED && v == NULL,
+              "rank %d: %s without symm_combine_smem: %s (%s), expected SYMM_ERR_UNSUPPORTED and no variant",
+              t.c.rank, t.name, symm_status_name(st), msg);
+    cr_assert(strstr(msg, "symm_combine_smem") && strstr(msg, t.name) && strstr(msg, "regenerate"),
+              "rank %d: the message should name the variant, the symbol and the remedy: %s", t.c.rank, msg);
+    free(source);
+    symm_manifest_close(m);
+    vt_open(&t, &o);
+    good_call(&t, 0);
+    vt_end(&t);
+}
+
 /* Dispatch and combine alternate: a second dispatch before the combine, or a
  * combine with no dispatch, is refused on the host (nothing queued), and the
  * variant stays in step for the right call. */
