@@ -141,6 +141,7 @@ for s in "$@"; do
         # check of the default spec with PUSH_PARTIALS=1,PARTIAL_REGS=1 at world 2 (and 4 on 4 GPUs),
         # memcheck and racecheck of three expert variants, then rows g timed (REGS_ROUNDS rounds,
         # default 2, order reversed in even rounds) with the TMA parts, the registers, and the grid
+        # (REGS_TUNINGS: other tunings to time)
         step check-w2-regs 240 env SYMM_TUNE=PUSH_PARTIALS=1,PARTIAL_REGS=1 $run -n 2 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5
         if [ "$ngpu" -ge 4 ]; then
@@ -149,7 +150,7 @@ for s in "$@"; do
         fi
         expert_sanitizers regs PUSH_PARTIALS=1,PARTIAL_REGS=1
         step regs-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/regs" BENCH_WORLD="$ngpu" scripts/bench-tune.sh \
-            --groups "${REGS_GROUPS:-g}" --rounds "${REGS_ROUNDS:-2}" default PARTIAL_REGS=1 PUSH_PARTIALS=0
+            --groups "${REGS_GROUPS:-g}" --rounds "${REGS_ROUNDS:-2}" ${REGS_TUNINGS:-default PARTIAL_REGS=1 PUSH_PARTIALS=0}
           [ -f "$out/regs/tune.md" ] && cp "$out/regs/tune.md" "$final/regs.md" ;;
     grid) # layout expert's parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512; GRID_OWN: own
           # parts too; GRID_PACK: several chunks a round for parts of few rows)
