@@ -83,8 +83,18 @@
 #        then a profile of a,b)
 # The device's copy of the tree may carry another commit's .git: set
 # BENCH_COMMIT (the commit built here) for the bench step's RESULTS entry.
+# RUN_BUDGET (seconds, optional): the whole invocation's time. Each step's
+# limit is cut to what is left less 10 s (the summary and logs.tgz), and a
+# step with less than 5 s left is skipped, so the summary always comes back.
+# Use it, not an outer `timeout`, to fit several invocations in one call: an
+# outer timeout kills this script but not the step it is in (a step's
+# timeout runs it in a process group of its own), which then runs on beside
+# the next invocation, and the killed invocation leaves no logs.
 set -uo pipefail
 build=$1; shift
+case ${RUN_BUDGET:-} in
+'' | *[!0-9]*) [ -z "${RUN_BUDGET:-}" ] || { echo "device-run: RUN_BUDGET must be whole seconds, got '$RUN_BUDGET'"; exit 2; } ;;
+esac
 # Logs go to one archive under $OUT (the device tool brings back few files).
 final=${OUT:-/tmp/out}
 out=$(mktemp -d /tmp/symm-logs.XXXXXX)
@@ -99,6 +109,14 @@ summary=()
 step() { # name limit_s command...
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS
+    if [ -n "${RUN_BUDGET:-}" ]; then
+        local left=$((RUN_BUDGET - SECONDS - 10))
+        if [ "$left" -lt 5 ]; then
+            summary+=("$(printf '%-28s skipped: RUN_BUDGET (%s s) spent' "$name" "$RUN_BUDGET")")
+            return
+        fi
+        [ "$limit" -gt "$left" ] && limit=$left
+    fi
     timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
     summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - t0)) "$(grep -aE 'passed|Synthesis|FAIL|torch_moe:|overhead of' "$out/$name.log" | tail -n 1 | cut -c1-110)")")

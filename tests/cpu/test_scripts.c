@@ -7,6 +7,8 @@
  * GPU (the values it accepts would start the GPU tests on a GPU host, so
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
  * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else;
+ * scripts/device-run.sh's RUN_BUDGET (on a fake machine: a fake
+ * nvidia-smi on PATH, fake build binaries);
  * bench/link_probe's kernels (link_probe_kernels.h), which NVRTC compiles
  * only on a GPU host at run time, compile here without a warning. Run from
  * the repository root, as make test does. */
@@ -165,6 +167,48 @@ Test(test_python_gpu, refuses_a_world_outside_2_to_8_before_anything_else)
         snprintf(command, sizeof command, "env SYMM_TEST_PY_WORLD=%s scripts/test-python-gpu.sh", bad[i]);
         expect_refused(command, "expected 2 to 8 ranks", out, sizeof out);
     }
+}
+
+Test(device_run, refuses_a_run_budget_that_is_not_whole_seconds)
+{
+    char out[1024];
+    expect_refused("env RUN_BUDGET=10s OUT=/tmp scripts/device-run.sh build probe",
+                   "RUN_BUDGET must be whole seconds, got '10s'", out, sizeof out);
+}
+
+/* RUN_BUDGET cuts a step's limit to what is left and skips the steps that
+ * find too little, so the summary and the logs always come back. On a fake
+ * machine: nvidia-smi names one GPU, symmgen does nothing and symmrun (the
+ * probe step's launcher) would sleep for a minute. */
+Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_back)
+{
+    char dir[] = "/tmp/symm-device-run-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char command[1024], out[8192];
+    snprintf(command, sizeof command,
+             "d=%s; mkdir -p $d/build/bin $d/path $d/out && "
+             "printf '#!/bin/sh\\necho \"GPU 0: fake\"\\n' > $d/path/nvidia-smi && "
+             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bin/symmgen && "
+             "printf '#!/bin/sh\\nsleep 60\\n' > $d/build/bin/symmrun && "
+             "chmod +x $d/path/nvidia-smi $d/build/bin/symmgen $d/build/bin/symmrun",
+             dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    snprintf(command, sizeof command,
+             "d=%s; t0=$(date +%%s); env PATH=$d/path:$PATH RUN_BUDGET=16 OUT=$d/out "
+             "scripts/device-run.sh $d/build probe probe; echo \"rc=$? took=$(( $(date +%%s) - t0 ))\"",
+             dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "link_probe                   rc=124"), "the first probe cut and stopped: %s", out);
+    cr_assert(strstr(out, "link_probe                   skipped: RUN_BUDGET (16 s) spent"), "the second skipped: %s",
+              out);
+    const char *took = strstr(out, "took=");
+    cr_assert_not_null(took, "%s", out);
+    cr_assert_lt(atoi(took + 5), 15, "the invocation outlived its budget: %s", out);
+    snprintf(command, sizeof command, "test -s %s/out/summary.log && tar -tzf %s/out/logs.tgz", dir, dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "summary.log and logs.tgz under OUT: %s", out);
+    cr_assert(strstr(out, "link_probe.log"), "%s", out);
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    run(command, out, sizeof out);
 }
 
 Test(link_probe, its_kernels_compile_for_sm_90a_without_a_warning)
