@@ -28,7 +28,6 @@ static const struct knob {
     {"PUSH_PARTIALS", 0, 1}, /* combine, layout expert by rank: 1: a peer pushes one partial sum per token */
     {"PARTIAL_SLOTS", 1, 4}, /* combine, PUSH_PARTIALS: staging slots a push warp loads ahead through */
     {"PARTIAL_LANES", 0, 1}, /* combine, PUSH_PARTIALS: 1: the lanes store a part at the peer (0: a bulk copy) */
-    {"PARTIAL_REGS", 0, 1},  /* combine, PUSH_PARTIALS: 1: a part formed through the lanes' registers (0: the TMA) */
     {"PUSH_INTERLEAVE", 0, 1}, /* combine, layout rank at world > 2: 1: push batches go round the peers */
     {"PARTIAL_GRID", 0, 1},    /* combine, layout expert by rank without PUSH_PARTIALS: 1: the grid forms the parts */
     {"GRID_OWN", 0, 1},        /* combine, PARTIAL_GRID: 1: the grid forms this rank's own parts too */

@@ -24,8 +24,6 @@
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
 #        world, SWEEP_ROUNDS rounds, default 1), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
-#        regs (layout expert's parts through the registers, PARTIAL_REGS: check,
-#        sanitizers, rows g timed against the TMA parts and the grid's),
 #        grid (layout expert's parts formed by the whole grid, PARTIAL_GRID,
 #        with this rank's own parts too, GRID_OWN, and several chunks a round
 #        for parts of few rows, GRID_PACK; bench/NOTES.md 58: check --quick at
@@ -155,21 +153,6 @@ for s in "$@"; do
         step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
-    regs) # layout expert's parts through the push warps' registers (PARTIAL_REGS, bench/NOTES.md 70):
-        # check of the default spec with PUSH_PARTIALS=1,PARTIAL_REGS=1 at world 2 (and 4 on 4 GPUs),
-        # memcheck and racecheck of three expert variants, then rows g timed (REGS_ROUNDS rounds,
-        # default 2, order reversed in even rounds) with the TMA parts, the registers, and the grid
-        # (REGS_TUNINGS: other tunings to time)
-        step check-w2-regs 240 env SYMM_TUNE=PUSH_PARTIALS=1,PARTIAL_REGS=1 $run -n 2 --gpus "$gpus" -- \
-            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5
-        if [ "$ngpu" -ge 4 ]; then
-            step check-w4-regs 240 env SYMM_TUNE=PUSH_PARTIALS=1,PARTIAL_REGS=1 $run -n 4 --gpus "$gpus" -- \
-                "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5
-        fi
-        expert_sanitizers regs PUSH_PARTIALS=1,PARTIAL_REGS=1
-        step regs-time 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/regs" BENCH_WORLD="$ngpu" scripts/bench-tune.sh \
-            --groups "${REGS_GROUPS:-g}" --rounds "${REGS_ROUNDS:-2}" ${REGS_TUNINGS:-default PARTIAL_REGS=1 PUSH_PARTIALS=0}
-          [ -f "$out/regs/tune.md" ] && cp "$out/regs/tune.md" "$final/regs.md" ;;
     grid) # layout expert's parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512; GRID_OWN: own
           # parts too; GRID_PACK: several chunks a round for parts of few rows)
         grid_tune() { # name -> SYMM_TUNE
@@ -455,7 +438,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, regs, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

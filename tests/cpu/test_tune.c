@@ -33,7 +33,7 @@ static const struct {
 } knobs[] = {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
-    {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PARTIAL_REGS", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
+    {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1},
 };
@@ -371,19 +371,6 @@ Test(tune, grid_pack_changes_only_layout_expert_by_rank_at_decode, .init = gen_s
 Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
     check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
-}
-
-/* PARTIAL_REGS (default 0) changes combine only where a push warp forms
- * partial sums: layout expert by rank, pushing, with PUSH_PARTIALS (off
- * at these max_tokens by default, so fixed on here); without it, nothing. */
-Test(tune, partial_regs_changes_only_the_pushed_partial_sums, .init = gen_setup, .fini = gen_teardown)
-{
-    check_decode_knob("PARTIAL_REGS", 0, "PUSH_PARTIALS", 1, true, false);
-}
-
-Test(tune, partial_regs_changes_nothing_without_push_partials, .init = gen_setup, .fini = gen_teardown)
-{
-    check_decode_knob("PARTIAL_REGS", 0, NULL, 0, false, false);
 }
 
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
