@@ -128,7 +128,8 @@ typedef struct options {
     const char *manifest, *csv, *markdown, *groups;
     int reps, warmup;
     uint64_t seed;
-    bool no_nccl, nccl_plain, plan, profile, shared_gpu, inline_events;
+    int profile; /* the tuning knob PROFILE: 0 (none), 1 (phases), 2 (and spans) */
+    bool no_nccl, nccl_plain, plan, shared_gpu, inline_events;
 } options;
 
 static void usage(FILE *f)
@@ -169,6 +170,14 @@ static void usage(FILE *f)
             "                   each row's timing, print when each phase of dispatch and combine\n"
             "                   ended (median of 20 plain calls, per rank; the timings then include\n"
             "                   the profile's few atomics)\n"
+            "  --profile=2, --profile-spans\n"
+            "                   the same with PROFILE=2, and where each kind of warp spent its time:\n"
+            "                   per kind (combine's push warps forming partial sums, push warps\n"
+            "                   pushing rows, the sums; dispatch's warps sending rows), the warps\n"
+            "                   that recorded, a warp's mean loop in us, each span's mean and its\n"
+            "                   share of the loop (\"[...]\": parts of the span before), the rest as\n"
+            "                   \"other\", and the counts a warp (median of the 20 calls of each;\n"
+            "                   docs/api.md \"Spans\" says what each covers)\n"
             "  --plan           print the rows, their remote bytes and each variant's memory;\n"
             "                   needs neither a GPU nor a launcher\n"
             "  -h, --help       this text\n"
@@ -244,8 +253,12 @@ static int parse_options(int argc, char **argv, options *o)
             o->nccl_plain = true;
         } else if (!strcmp(a, "--inline-events")) {
             o->inline_events = true;
-        } else if (!strcmp(a, "--profile")) {
-            o->profile = true;
+        } else if (!strcmp(a, "--profile") || !strcmp(a, "--profile=1")) {
+            o->profile = 1;
+        } else if (!strcmp(a, "--profile=2") || !strcmp(a, "--profile-spans")) {
+            o->profile = 2;
+        } else if (!strncmp(a, "--profile=", 10)) {
+            return bad_usage("%s: expected --profile (or --profile=1: the phases) or --profile=2 (and the spans)", a);
         } else if (!strcmp(a, "--plan")) {
             o->plan = true;
         } else {
@@ -1118,13 +1131,127 @@ static bool capture_pairs(bench *b, pair_works *pw, const char **mode, char *why
 
 /* --profile: PROFILE_CALLS single plain dispatch + combine pairs, each
  * starting after a host and a device barrier, the phase times of each read
- * after it (symm_variant_profile_read); rank 0 prints every rank's medians. */
+ * after it (symm_variant_profile_read); rank 0 prints every rank's medians.
+ * --profile=2: also the spans of each call, as a warp's means (a sum over
+ * the warps / the warps), and their medians. */
 #define PROFILE_CALLS 20
 #define PROFILE_FIELDS 14
 
+/* The spans as a warp's means: per kind, its warps, then each field. */
+enum {
+    SP_PARTS_WARPS, SP_PARTS_LOOP, SP_PARTS_SCAN, SP_PARTS_PART, SP_PARTS_ISSUE, SP_PARTS_LOADS, SP_PARTS_SUMS,
+    SP_PARTS_SLOTS, SP_PARTS_PUBLISH, SP_PARTS_PARTS, SP_PARTS_CHUNKS, SP_PARTS_ROWS,
+    SP_PUSH_WARPS, SP_PUSH_LOOP, SP_PUSH_COPY, SP_PUSH_LOADS, SP_PUSH_SLOTS, SP_PUSH_PUBLISH, SP_PUSH_ROWS,
+    SP_PUSH_BATCHES,
+    SP_SUMS_WARPS, SP_SUMS_LOOP, SP_SUMS_WAIT, SP_SUMS_SUM, SP_SUMS_UNITS, SP_SUMS_TOKENS,
+    SP_ROWS_WARPS, SP_ROWS_LOOP, SP_ROWS_LOADS, SP_ROWS_SLOTS, SP_ROWS_DRAIN, SP_ROWS_TOKENS, SP_ROWS_ROWS,
+    SPAN_FIELDS
+};
+
+static double per_warp(double sum, uint64_t warps) { return warps ? sum / (double)warps : 0.0; }
+
+static void span_fields(const symm_variant_profile *p, double *f)
+{
+    const symm_variant_spans_parts *pa = &p->parts;
+    const symm_variant_spans_push *pu = &p->push;
+    const symm_variant_spans_sums *su = &p->sums;
+    const symm_variant_spans_rows *ro = &p->rows;
+    const double w[4] = {(double)pa->warps, (double)pu->warps, (double)su->warps, (double)ro->warps};
+    const double parts[] = {w[0], per_warp(pa->loop_us, pa->warps), per_warp(pa->scan_us, pa->warps),
+                            per_warp(pa->part_us, pa->warps), per_warp(pa->issue_us, pa->warps),
+                            per_warp(pa->loads_us, pa->warps), per_warp(pa->sums_us, pa->warps),
+                            per_warp(pa->slots_us, pa->warps), per_warp(pa->publish_us, pa->warps),
+                            per_warp((double)pa->parts, pa->warps), per_warp((double)pa->chunks, pa->warps),
+                            per_warp((double)pa->rows, pa->warps)};
+    const double push[] = {w[1], per_warp(pu->loop_us, pu->warps), per_warp(pu->copy_us, pu->warps),
+                           per_warp(pu->loads_us, pu->warps), per_warp(pu->slots_us, pu->warps),
+                           per_warp(pu->publish_us, pu->warps), per_warp((double)pu->rows, pu->warps),
+                           per_warp((double)pu->batches, pu->warps)};
+    const double sums[] = {w[2], per_warp(su->loop_us, su->warps), per_warp(su->wait_us, su->warps),
+                           per_warp(su->sum_us, su->warps), per_warp((double)su->units, su->warps),
+                           per_warp((double)su->tokens, su->warps)};
+    const double rows[] = {w[3], per_warp(ro->loop_us, ro->warps), per_warp(ro->loads_us, ro->warps),
+                           per_warp(ro->slots_us, ro->warps), per_warp(ro->drain_us, ro->warps),
+                           per_warp((double)ro->tokens, ro->warps), per_warp((double)ro->rows, ro->warps)};
+    _Static_assert(sizeof parts / sizeof parts[0] == SP_PUSH_WARPS && sizeof push / sizeof push[0] == SP_SUMS_WARPS -
+                   SP_PUSH_WARPS && sizeof sums / sizeof sums[0] == SP_ROWS_WARPS - SP_SUMS_WARPS &&
+                   sizeof rows / sizeof rows[0] == SPAN_FIELDS - SP_ROWS_WARPS, "the span fields");
+    memcpy(f + SP_PARTS_WARPS, parts, sizeof parts);
+    memcpy(f + SP_PUSH_WARPS, push, sizeof push);
+    memcpy(f + SP_SUMS_WARPS, sums, sizeof sums);
+    memcpy(f + SP_ROWS_WARPS, rows, sizeof rows);
+}
+
+/* " + name 12.3 (45%)", the share of `loop`; "[" or "]" around the parts of
+ * the span before when open / close. */
+static int span_term(char *buf, size_t n, const char *sep, const char *name, double us, double loop)
+{
+    return snprintf(buf, n, "%s%s %.1f (%.0f%%)", sep, name, us, loop > 0 ? 100.0 * us / loop : 0.0);
+}
+
+/* One kind's line: its loop = the spans (names[i] of m[first + i]; a name
+ * starting with '[' opens the parts of the span before it, one ending with
+ * ']' closes them, and they do not count towards the rest) + other;
+ * then the counts a warp. */
+static void span_line(const bench *b, const char *kind, const double *m, int warps_at, const char *const *names,
+                      int n_spans, const char *const *counts, int n_counts)
+{
+    const double warps = m[warps_at], loop = m[warps_at + 1];
+    if (warps <= 0)
+        return;
+    char line[768];
+    size_t at = 0;
+    at += (size_t)snprintf(line, sizeof line, "      %s (%.0f warps): loop %.1f us =", kind, warps, loop);
+    double rest = loop;
+    bool inner = false;
+    for (int i = 0; i < n_spans && at < sizeof line; i++) {
+        const double us = m[warps_at + 2 + i];
+        const char *name = names[i];
+        const bool opens = name[0] == '[';
+        const size_t len = strlen(name);
+        const bool closes = len > 0 && name[len - 1] == ']';
+        char bare[32];
+        snprintf(bare, sizeof bare, "%.*s", (int)(len - opens - closes), name + opens);
+        const char *sep = opens ? " [" : i == 0 ? " " : inner ? ", " : " + ";
+        at += (size_t)span_term(line + at, sizeof line - at, sep, bare, us, loop);
+        if (closes && at < sizeof line)
+            at += (size_t)snprintf(line + at, sizeof line - at, "]");
+        if (!opens && !inner)
+            rest -= us;
+        inner = (inner || opens) && !closes;
+    }
+    if (at < sizeof line)
+        at += (size_t)span_term(line + at, sizeof line - at, " + ", "other", rest, loop);
+    for (int i = 0; i < n_counts && at < sizeof line; i++)
+        at += (size_t)snprintf(line + at, sizeof line - at, "%s%s %.1f", i ? ", " : "; ", counts[i],
+                               m[warps_at + 2 + n_spans + i]);
+    if (at < sizeof line)
+        snprintf(line + at, sizeof line - at, "%s", n_counts ? " a warp" : "");
+    say(b, "%s\n", line);
+}
+
+static void print_spans(const bench *b, const row_result *r, int q, const double *m)
+{
+    say(b, "    spans   %-10s rank %d (a warp's mean in us, share of its loop; median of %d single pairs):\n",
+        r->spec->id, q, PROFILE_CALLS);
+    static const char *const parts[] = {"scan", "part", "[issue", "loads", "sums", "slots]", "publish"};
+    static const char *const parts_n[] = {"parts", "chunks", "rows"};
+    span_line(b, "combine push warps forming parts", m, SP_PARTS_WARPS, parts, 7, parts_n, 3);
+    static const char *const push[] = {"copy", "[loads", "slots]", "publish"};
+    static const char *const push_n[] = {"rows", "batches"};
+    span_line(b, "combine push warps pushing rows", m, SP_PUSH_WARPS, push, 4, push_n, 2);
+    static const char *const sums[] = {"waits", "sums"};
+    static const char *const sums_n[] = {"units", "tokens"};
+    span_line(b, "combine sums", m, SP_SUMS_WARPS, sums, 2, sums_n, 2);
+    static const char *const rows[] = {"loads", "slots", "drain"};
+    static const char *const rows_n[] = {"tokens", "rows"};
+    span_line(b, "dispatch warps sending rows", m, SP_ROWS_WARPS, rows, 3, rows_n, 2);
+}
+
 static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
 {
-    double t[PROFILE_FIELDS][PROFILE_CALLS];
+    enum { FIELDS = PROFILE_FIELDS + SPAN_FIELDS };
+    double t[FIELDS][PROFILE_CALLS];
     for (int i = 0; i < PROFILE_CALLS; i++) {
         CHECK(b, "profile", symm_world_barrier(b->world));
         CHECK(b, "profile", device_barrier(b));
@@ -1132,28 +1259,31 @@ static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)
         CHECK(b, "profile: combine", issue_combine(b, (void *)c, b->stream));
         symm_variant_profile p;
         CHECK(b, "symm_variant_profile_read", symm_variant_profile_read(c->v, b->stream, &p));
-        const double f[PROFILE_FIELDS] = {p.dispatch_routed_us, p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
-                                          p.dispatch_stored_us, p.dispatch_rows_out_us, p.dispatch_rows_in_us,
-                                          p.dispatch_us, p.combine_issued_us, p.combine_stored_us, p.combine_fenced_us,
-                                          p.combine_pushed_us, p.combine_flags_in_us, p.combine_us};
-        for (int j = 0; j < PROFILE_FIELDS; j++)
+        double f[FIELDS] = {p.dispatch_routed_us, p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
+                            p.dispatch_stored_us, p.dispatch_rows_out_us, p.dispatch_rows_in_us,
+                            p.dispatch_us, p.combine_issued_us, p.combine_stored_us, p.combine_fenced_us,
+                            p.combine_pushed_us, p.combine_flags_in_us, p.combine_us};
+        span_fields(&p, f + PROFILE_FIELDS);
+        for (int j = 0; j < FIELDS; j++)
             t[j][i] = f[j];
     }
-    double mine[PROFILE_FIELDS], *all = calloc((size_t)b->size * PROFILE_FIELDS, sizeof *all);
+    double mine[FIELDS], *all = calloc((size_t)b->size * FIELDS, sizeof *all);
     if (!all)
         die(b, "profile", symm_fail(SYMM_ERR_NOMEM, "out of host memory"));
-    for (int j = 0; j < PROFILE_FIELDS; j++) {
+    for (int j = 0; j < FIELDS; j++) {
         qsort(t[j], PROFILE_CALLS, sizeof t[j][0], cmp_double);
         mine[j] = t[j][PROFILE_CALLS / 2];
     }
     CHECK(b, "symm_world_allgather (profile)", symm_world_allgather(b->world, mine, all, sizeof mine));
     for (int q = 0; q < b->size; q++) {
-        const double *m = all + (size_t)q * PROFILE_FIELDS;
+        const double *m = all + (size_t)q * FIELDS;
         say(b, "    profile %-10s rank %d (us from the kernel's start, median of %d single pairs): dispatch: "
                "routed %.1f, counts out %.1f, in %.1f, bases %.1f, stored %.1f, rows out %.1f, in %.1f, end %.1f; "
                "combine: first batch issued %.1f, stored %.1f, fenced %.1f, pushed %.1f, flags in %.1f, end %.1f\n",
             r->spec->id, q, PROFILE_CALLS, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], m[12],
             m[13]);
+        if (b->o->profile >= 2)
+            print_spans(b, r, q, m + PROFILE_FIELDS);
     }
     free(all);
 }
@@ -1239,7 +1369,7 @@ static symm_variant *create_variant(bench *b, const symm_variant_desc *d, symm_b
     char tune[512];
     if (b->o->profile && backend == SYMM_BACKEND_NATIVE) {
         const char *env = getenv("SYMM_TUNE");
-        snprintf(tune, sizeof tune, "%s%s%s", env && *env ? env : "", env && *env ? "," : "", "PROFILE=1");
+        snprintf(tune, sizeof tune, "%s%sPROFILE=%d", env && *env ? env : "", env && *env ? "," : "", b->o->profile);
         vo.tune = tune;
     }
     symm_variant *v = NULL;

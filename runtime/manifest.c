@@ -868,6 +868,9 @@ symm_status symm_desc_check_source(const symm_variant_desc *d)
     SYMM_TRY(check_constant(d, "constexpr Dtype DTYPE = ", "dtype", value, ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->combine_dtype);
     SYMM_TRY(check_constant(d, "constexpr Dtype COMBINE_DTYPE = ", "combine_dtype", value, ";"));
+    /* The kernels place the profile's spans (PROFILE=2) after the scratch. */
+    snprintf(value, sizeof value, "%llu", (unsigned long long)d->scratch_bytes);
+    SYMM_TRY(check_constant(d, "constexpr u64 SCRATCH_BYTES = ", "scratch_bytes", value, ";"));
     for (int i = 0; i < SYMM_REGION_COUNT; i++) {
         const symm_region_desc *r = &d->regions[i];
         char decl[64], field[64];

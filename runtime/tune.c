@@ -22,7 +22,7 @@ static const struct knob {
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
     {"PREFETCH", 0, 1},    /* 1: loads issued ahead (topk ids, a warp's first rows, a push batch's rows) */
     {"LOCAL_VEC", 0, 1},   /* dispatch: 1: rows for this rank stored by the warp's lanes, not the bulk copy */
-    {"PROFILE", 0, 1},     /* 1: the kernels record phase times (symm_variant_profile_read) */
+    {"PROFILE", 0, 2},     /* 1: the kernels record phase times, 2: and spans (symm_variant_profile_read) */
     {"PDL", 0, 1},         /* 1: dispatch and combine launched as programmatic dependents (default 1) */
     {"DEDUP", 0, 1},       /* dispatch, layout expert: 1: a token's row goes to each peer once (default 1) */
     {"PUSH_PARTIALS", 0, 1}, /* combine, layout expert by rank: 1: a peer pushes one partial sum per token */
@@ -41,7 +41,7 @@ _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per kno
 static symm_status bad(symm_tune *out, const char *origin, const char *item, size_t len, const char *why)
 {
     out->count = 0;
-    out->profile = false;
+    out->profile = 0;
     out->pdl = true;
     /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
     char list[640];
@@ -56,7 +56,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
 symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out)
 {
     out->count = 0;
-    out->profile = false;
+    out->profile = 0;
     out->pdl = true;
     if (!text)
         return SYMM_OK;
@@ -102,7 +102,7 @@ symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out
         }
         snprintf(out->option[out->count++], SYMM_TUNE_OPTION_LEN, "-DSYMM_TUNE_%s=%ld", knobs[k].name, v);
         if (!strcmp(knobs[k].name, "PROFILE"))
-            out->profile = v == 1;
+            out->profile = (int)v;
         if (!strcmp(knobs[k].name, "PDL"))
             out->pdl = v == 1;
     }

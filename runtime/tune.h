@@ -4,7 +4,8 @@
  * A tuning is "NAME=value" items separated by commas or spaces, for example
  * "PUSH_WARPS=4,PUSH_BATCH=8". Each item becomes the NVRTC option
  * -DSYMM_TUNE_NAME=value. No knob changes what the kernels compute or the
- * layout of any buffer; each one only moves work between warps or changes
+ * layout of any buffer (PROFILE=2 only appends its spans to the local
+ * scratch, variant.c); each one only moves work between warps or changes
  * how many copies are in flight, so ranks may even differ, except in DEDUP,
  * CHAIN_STREAM, PUSH_PARTIALS and PARTIAL_GRID, which change what a rank
  * expects of its peers (what a peer sends and how the rank learns it is
@@ -22,7 +23,7 @@
 
 typedef struct symm_tune {
     int count;
-    bool profile; /* PROFILE=1: the kernels record phase times */
+    int profile;  /* PROFILE: 1: the kernels record phase times, 2: and spans (0: neither) */
     bool pdl;     /* PDL (default 1): dispatch and combine launched as programmatic dependents */
     char option[SYMM_TUNE_MAX_ITEMS][SYMM_TUNE_OPTION_LEN]; /* "-DSYMM_TUNE_NAME=value" */
 } symm_tune;

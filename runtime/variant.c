@@ -12,6 +12,7 @@
 
 #include "cuda_api.h"
 #include "heap_internal.h"
+#include "profile.h"
 #include "symm_heap.h"
 #include "symm_jit.h"
 #include "symm_variant.h"
@@ -164,9 +165,25 @@ static symm_status dynamic_smem(symm_variant *v, CUmodule module, CUfunction fn,
     return SYMM_OK;
 }
 
-/* JIT-compile (through the cache) and load the kernels; check that every block
- * of a launch can be resident at once (blocks wait for each other). */
-static symm_status load_kernels(symm_variant *v, const symm_variant_options *opts)
+/* The tuning: symm_variant_options.tune, else SYMM_TUNE. */
+static symm_status parse_tune(const symm_variant_options *opts, symm_tune *tune)
+{
+    if (opts && opts->tune)
+        return symm_tune_parse(opts->tune, "symm_variant_options.tune", tune);
+    return symm_tune_parse(getenv("SYMM_TUNE"), "SYMM_TUNE", tune);
+}
+
+/* Bytes of the local scratch: the descriptor's, and with PROFILE=2 the
+ * profile's spans after them (profile.h). */
+static uint64_t scratch_bytes(const symm_variant *v)
+{
+    return v->desc->scratch_bytes + (v->profile >= 2 ? SYMM_PROFILE_SPANS_BYTES : 0);
+}
+
+/* JIT-compile (through the cache) and load the kernels with the tuning;
+ * check that every block of a launch can be resident at once (blocks wait
+ * for each other). */
+static symm_status load_kernels(symm_variant *v, const symm_variant_options *opts, const symm_tune *tune)
 {
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
@@ -175,27 +192,20 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     char source_name[96];
     snprintf(source_name, sizeof source_name, "%s.cu", v->desc->name);
     /* The variant's NVRTC options, then the tuning's -D options. */
-    symm_tune tune;
-    if (opts && opts->tune)
-        SYMM_TRY(symm_tune_parse(opts->tune, "symm_variant_options.tune", &tune));
-    else
-        SYMM_TRY(symm_tune_parse(getenv("SYMM_TUNE"), "SYMM_TUNE", &tune));
-    v->profile = tune.profile;
-    v->pdl = tune.pdl;
     const int n_desc = v->desc->n_nvrtc_options > 0 ? v->desc->n_nvrtc_options : 0;
-    const char **options = calloc((size_t)(n_desc + tune.count) + 1, sizeof *options);
+    const char **options = calloc((size_t)(n_desc + tune->count) + 1, sizeof *options);
     if (!options)
         return symm_fail(SYMM_ERR_NOMEM, "symm_variant_create: out of host memory");
     for (int i = 0; i < n_desc; i++)
         options[i] = v->desc->nvrtc_options[i];
-    for (int i = 0; i < tune.count; i++)
-        options[n_desc + i] = tune.option[i];
+    for (int i = 0; i < tune->count; i++)
+        options[n_desc + i] = tune->option[i];
     symm_jit_request req = {
         .source = v->desc->source,
         .source_name = source_name,
         .arch = arch,
         .options = options,
-        .option_count = (size_t)(n_desc + tune.count),
+        .option_count = (size_t)(n_desc + tune->count),
         .cache_dir = opts ? opts->cache_dir : NULL,
     };
     /* Programs compiled at once (symm_jit_compile_part_list): part 1 holds
@@ -215,7 +225,7 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
     clock_gettime(CLOCK_MONOTONIC, &t0);
     symm_status st;
     if (hybrid) {
-        options[n_desc + tune.count] = "-DSYMM_PART=3";
+        options[n_desc + tune->count] = "-DSYMM_PART=3";
         req.option_count++;
         st = symm_jit_compile(&req, &res[0]);
     } else {
@@ -388,14 +398,20 @@ symm_status symm_variant_create(symm_world *world, const symm_variant_desc *desc
         st = symm_alloc_create(symm_world_host_world(world), across_hosts ? v->host_dev : v->dev,
                                desc->symmetric_bytes, 0, &v->alloc);
     /* The local steps may fail on one rank only: every rank learns of it
-     * (symm_agree) before anyone goes on, so all fail, and release, together. */
+     * (symm_agree) before anyone goes on, so all fail, and release, together.
+     * The tuning comes first: PROFILE=2 sizes the scratch. */
     if (st == SYMM_OK) {
-        symm_status local =
-            symm_cuda_check(cu->cuMemAlloc(&v->scratch, desc->scratch_bytes), "cuMemAlloc(scratch)");
+        symm_tune tune;
+        symm_status local = parse_tune(opts, &tune);
+        if (local == SYMM_OK) {
+            v->profile = tune.profile;
+            v->pdl = tune.pdl;
+            local = symm_cuda_check(cu->cuMemAlloc(&v->scratch, scratch_bytes(v)), "cuMemAlloc(scratch)");
+        }
         if (local == SYMM_OK)
-            local = symm_cuda_check(cu->cuMemsetD8(v->scratch, 0, desc->scratch_bytes), "cuMemsetD8(scratch)");
+            local = symm_cuda_check(cu->cuMemsetD8(v->scratch, 0, scratch_bytes(v)), "cuMemsetD8(scratch)");
         if (local == SYMM_OK)
-            local = load_kernels(v, opts);
+            local = load_kernels(v, opts, &tune);
         if (local == SYMM_OK && v->profile)
             local = profile_reset(v, NULL);
         st = symm_agree(world, local, "symm_variant_create: setting up the variant");
@@ -672,16 +688,19 @@ symm_status symm_variant_recv(const symm_variant *v, symm_recv_buffers *out)
     return SYMM_OK;
 }
 
-/* The profile slots back to "nothing recorded": the starts to the largest
- * value (they keep the minimum), the ends to 0. */
+/* The profile slots back to "nothing recorded" (profile.h), the spans
+ * (PROFILE=2) to 0. */
 static symm_status profile_reset(symm_variant *v, CUstream stream)
 {
-    static const uint64_t empty[SYMM_PROFILE_SLOTS] = {
-        [SYMM_PROF_DISPATCH_START] = UINT64_MAX, [SYMM_PROF_COMBINE_START] = UINT64_MAX};
+    static const uint64_t zeros[SYMM_PROFILE_SPAN_SLOTS];
+    uint64_t empty[SYMM_PROFILE_SLOTS];
+    symm_profile_empty(empty);
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
     SYMM_CU(cu, cuMemcpyHtoDAsync(symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, empty,
                                   sizeof empty, stream));
+    if (v->profile >= 2)
+        SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + v->desc->scratch_bytes, zeros, sizeof zeros, stream));
     SYMM_CU(cu, cuStreamSynchronize(stream));
     return SYMM_OK;
 }
@@ -694,33 +713,17 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
         return symm_variant_hybrid_profile(v, stream, out);
     if (!v->profile)
         return symm_fail(SYMM_ERR_STATE, "symm_variant_profile_read: %s was created without the tuning knob "
-                         "PROFILE=1 (SYMM_TUNE or symm_variant_options.tune)", v->desc->name);
+                         "PROFILE=1 or PROFILE=2 (SYMM_TUNE or symm_variant_options.tune)", v->desc->name);
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
     SYMM_CU(cu, cuStreamSynchronize(stream));
-    uint64_t t[SYMM_PROFILE_SLOTS];
-    SYMM_CU(cu, cuMemcpyDtoH(t, symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, sizeof t));
+    uint64_t phases[SYMM_PROFILE_SLOTS], spans[SYMM_PROFILE_SPAN_SLOTS];
+    SYMM_CU(cu, cuMemcpyDtoH(phases, symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET,
+                             sizeof phases));
+    if (v->profile >= 2)
+        SYMM_CU(cu, cuMemcpyDtoH(spans, v->scratch + v->desc->scratch_bytes, sizeof spans));
     SYMM_TRY(profile_reset(v, stream));
-    /* Microseconds after the kernel's start; -1 where nothing was recorded. */
-    const uint64_t d0 = t[SYMM_PROF_DISPATCH_START], c0 = t[SYMM_PROF_COMBINE_START];
-#define SINCE(start, i) ((start) != UINT64_MAX && t[i] >= (start) ? (double)(t[i] - (start)) / 1e3 : -1.0)
-    *out = (symm_variant_profile){
-        .dispatch_routed_us = SINCE(d0, SYMM_PROF_DISPATCH_ROUTED),
-        .dispatch_counted_us = SINCE(d0, SYMM_PROF_DISPATCH_COUNTED),
-        .dispatch_counts_in_us = SINCE(d0, SYMM_PROF_DISPATCH_COUNTS_IN),
-        .dispatch_bases_us = SINCE(d0, SYMM_PROF_DISPATCH_BASES),
-        .dispatch_stored_us = SINCE(d0, SYMM_PROF_DISPATCH_STORED),
-        .dispatch_rows_out_us = SINCE(d0, SYMM_PROF_DISPATCH_ROWS_OUT),
-        .dispatch_rows_in_us = SINCE(d0, SYMM_PROF_DISPATCH_ROWS_IN),
-        .dispatch_us = SINCE(d0, SYMM_PROF_DISPATCH_END),
-        .combine_issued_us = SINCE(c0, SYMM_PROF_COMBINE_ISSUED),
-        .combine_stored_us = SINCE(c0, SYMM_PROF_COMBINE_STORED),
-        .combine_fenced_us = SINCE(c0, SYMM_PROF_COMBINE_FENCED),
-        .combine_flags_in_us = SINCE(c0, SYMM_PROF_COMBINE_FLAGS_IN),
-        .combine_pushed_us = SINCE(c0, SYMM_PROF_COMBINE_PUSHED),
-        .combine_us = SINCE(c0, SYMM_PROF_COMBINE_END),
-    };
-#undef SINCE
+    symm_profile_from_slots(phases, v->profile >= 2 ? spans : NULL, v->profile, out);
     return SYMM_OK;
 }
 

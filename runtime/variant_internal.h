@@ -31,31 +31,7 @@ enum {
     SYMM_DEVICE_ERR_PUSHED_PULL = 3, /* combine = "auto": this rank pushed, err_peer pulled */
 };
 
-/* The profile slots (PROFILE=1): 16 u64 of %globaltimer at this offset of
- * the state record, named and ordered as ProfileSlot in variant.cu.in; slots 0 and 8
- * (the starts) keep the earliest value, the others the latest. */
-#define SYMM_PROFILE_OFFSET 128
-#define SYMM_PROFILE_SLOTS 16
-enum {
-    SYMM_PROF_DISPATCH_START = 0,
-    SYMM_PROF_DISPATCH_COUNTED,
-    SYMM_PROF_DISPATCH_COUNTS_IN,
-    SYMM_PROF_DISPATCH_ROWS_OUT,
-    SYMM_PROF_DISPATCH_ROWS_IN,
-    SYMM_PROF_DISPATCH_END,
-    SYMM_PROF_DISPATCH_BASES,
-    SYMM_PROF_DISPATCH_STORED,
-    SYMM_PROF_COMBINE_START = 8,
-    SYMM_PROF_COMBINE_PUSHED,
-    SYMM_PROF_COMBINE_END,
-    SYMM_PROF_COMBINE_ISSUED,
-    SYMM_PROF_COMBINE_STORED,
-    SYMM_PROF_DISPATCH_ROUTED,
-    SYMM_PROF_COMBINE_FENCED,
-    SYMM_PROF_COMBINE_FLAGS_IN,
-    SYMM_PROF_USED
-};
-_Static_assert(SYMM_PROF_USED <= SYMM_PROFILE_SLOTS, "profile slots");
+/* The profile's slots and what they become: profile.h. */
 
 struct symm_variant {
     symm_world *world;
@@ -79,7 +55,7 @@ struct symm_variant {
     unsigned dispatch_smem, combine_smem, combine_pull_smem; /* dynamic shared memory of the kernels
                                                                  (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */
-    bool profile;              /* created with PROFILE=1 (symm_variant_profile_read) */
+    int profile;               /* the tuning knob PROFILE: 0, 1 or 2 (symm_variant_profile_read) */
     bool pdl;                  /* dispatch and combine launched as programmatic dependents (tune PDL) */
     double jit_ms;
     bool jit_cache_hit;

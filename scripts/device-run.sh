@@ -21,6 +21,10 @@
 #        test-gpu (make test-gpu MPS=1 SPEC=specs/default.lua; TEST_GPU_SPEC,
 #        TEST_GPU_LIMIT, SYMM_TEST_PARTS and SYMM_TEST_WORLDS: a part of it),
 #        selfcheck, bench, profile (rows PROFILE_GROUPS at the host's world),
+#        spans (where each kind of warp spends its time, PROFILE=2: moe_bench
+#        --profile=2 --no-nccl of rows PROFILE_GROUPS, default g,a,b, at the
+#        host's world, a rank per GPU, SPANS_REPS timed repetitions, default
+#        20; the log also lands in $OUT's spans.log),
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
 #        world, SWEEP_ROUNDS rounds, default 1), inline, tune, dedup, proxy, rtbench,
 #        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
@@ -233,7 +237,7 @@ for s in "$@"; do
         for knobs in default CHAIN_GRID=0; do
             tune=$knobs; [ "$knobs" = default ] && tune=
             step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
-                "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile --reps 20
+                "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile=2 --reps 20
         done ;;
     ab) # this tree's kernels against BUILD/ab's (scripts/ab-prepare.sh REV), alternated in one call
         if [ ! -f "$build/ab/bench/manifest.json" ]; then
@@ -375,6 +379,16 @@ for s in "$@"; do
         fi
         step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest "$pm" --groups "${PROFILE_GROUPS:-a,b}" --no-nccl --profile ;;
+    spans) # where each kind of warp spends its time (PROFILE=2, docs/api.md "Spans"): rows PROFILE_GROUPS (g,a,b) at
+           # the host's world, a rank per GPU
+        pm=out/bench/manifest.json
+        if [ "$ngpu" -ne 2 ]; then
+            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
+            pm=out/bench-w$ngpu/manifest.json
+        fi
+        step spans 540 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" \
+            --manifest "$pm" --groups "${PROFILE_GROUPS:-g,a,b}" --no-nccl --profile=2 --reps "${SPANS_REPS:-20}"
+          [ -f "$out/spans.log" ] && cp "$out/spans.log" "$final/spans.log" ;;
     sweep) # rows SWEEP_GROUPS (a,b,f) with the tunings SWEEP_TUNINGS at the host's world (SWEEP_WORLD), SWEEP_ROUNDS rounds
         step sweep 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/sweep" BENCH_WORLD="${SWEEP_WORLD:-$ngpu}" \
             scripts/bench-tune.sh --groups "${SWEEP_GROUPS:-a,b,f}" --rounds "${SWEEP_ROUNDS:-1}" ${SWEEP_TUNINGS:-default}
@@ -438,7 +452,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, spans, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

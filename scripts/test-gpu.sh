@@ -254,11 +254,12 @@ if part hosts && [ -z "${SYMM_SKIP_NCCL:-}" ] && { [ -z "${SPEC:-}" ] || [ "$SPE
     record $? "check default world 2 native refused on 2 simulated hosts"
 fi
 # The tuning knobs (docs/api.md "Tuning") at the ends of their ranges: the same
-# results, bit for bit, on the default spec at world 2 (quick matrix).
+# results, bit for bit, on the default spec at world 2 (quick matrix); at the
+# top end with the profile's spans (PROFILE=2) recorded in every kernel.
 if part tunings && { [ -z "${SPEC:-}" ] || [ "$SPEC" = specs/default.lua ]; }; then
     out=$build/gpu-out/default
-    for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PDL=0,DEDUP=0,PUSH_PARTIALS=0,PARTIAL_SLOTS=1,PARTIAL_LANES=0,PUSH_INTERLEAVE=0,PARTIAL_GRID=0,GRID_OWN=0,GRID_PACK=0,CHAIN_STREAM=0,CHAIN_WARPS=0,CHAIN_GRID=0" \
-                "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PDL=1,DEDUP=1,PUSH_PARTIALS=1,PARTIAL_SLOTS=4,PARTIAL_LANES=1,PUSH_INTERLEAVE=1,PARTIAL_GRID=1,GRID_OWN=1,GRID_PACK=1,CHAIN_STREAM=1,CHAIN_WARPS=8,CHAIN_GRID=1" \
+    for tune in "BULK_SLOTS=1,PUSH_WARPS=1,PUSH_WARPS_SMALL=0,PUSH_BATCH=32,SUM_UNROLL=1,SUM_GATHER=16,PREFETCH=0,LOCAL_VEC=0,PROFILE=0,PDL=0,DEDUP=0,PUSH_PARTIALS=0,PARTIAL_SLOTS=1,PARTIAL_LANES=0,PUSH_INTERLEAVE=0,PARTIAL_GRID=0,GRID_OWN=0,GRID_PACK=0,CHAIN_STREAM=0,CHAIN_WARPS=0,CHAIN_GRID=0" \
+                "BULK_SLOTS=4,PUSH_WARPS=16,PUSH_WARPS_SMALL=1,PUSH_BATCH=1,SUM_UNROLL=10,SUM_GATHER=1,PREFETCH=1,LOCAL_VEC=1,PROFILE=2,PDL=1,DEDUP=1,PUSH_PARTIALS=1,PARTIAL_SLOTS=4,PARTIAL_LANES=1,PUSH_INTERLEAVE=1,PARTIAL_GRID=1,GRID_OWN=1,GRID_PACK=1,CHAIN_STREAM=1,CHAIN_WARPS=8,CHAIN_GRID=1" \
                 "BULK_SLOTS=4,DEDUP=1,CHAIN_STREAM=0,CHAIN_GRID=0" \
                 "BULK_SLOTS=2,CHAIN_STREAM=0"; do
         note "default: world 2, native, SYMM_TUNE=$tune"

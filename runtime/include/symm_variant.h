@@ -226,11 +226,66 @@ typedef struct symm_variant_stats {
  * stats may be NULL. */
 symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_variant_stats *stats);
 
+/* Spans (a variant created with PROFILE=2): where one kind of warp spends
+ * its time. Each duration (microseconds of %globaltimer, as lane 0 of the
+ * warp saw it) and each count is summed over the warps of this rank that
+ * recorded it in the calls since the last read, and `warps` counts those
+ * warps (a warp records once a call): a sum / warps is a warp's mean. An
+ * indented field is a part of the one above it; what no field names (the
+ * rest of a loop) is the loop's other work. docs/api.md says which code
+ * each one covers. */
+typedef struct symm_variant_spans_parts {
+    uint64_t warps;    /* combine's push warps that formed partial sums (layout expert, PUSH_PARTIALS) */
+    double loop_us;    /* from the warp's start to its last batch published */
+    double scan_us;    /* finding each batch's heads, listing a head's rows and weights */
+    double part_us;    /* forming each part and storing it at the peer (partial_row), of which: */
+    double issue_us;   /*   lane 0 issuing a chunk's bulk loads */
+    double loads_us;   /*   waiting for a chunk's loads to land */
+    double sums_us;    /*   the lanes summing a chunk and storing its sums */
+    double slots_us;   /*   lane 0 waiting for bulk stores to read a staging slot */
+    double publish_us; /* each batch: its stores complete, a fence, its flags */
+    uint64_t parts;    /* parts formed */
+    uint64_t chunks;   /* chunks (rounds of loads) of those parts */
+    uint64_t rows;     /* rows summed into them */
+} symm_variant_spans_parts;
+
+typedef struct symm_variant_spans_push {
+    uint64_t warps;    /* combine's push warps that pushed whole rows (no partial sums) */
+    double loop_us;    /* from the warp's start to its last batch published */
+    double copy_us;    /* copying the rows through the staging slots, of which: */
+    double loads_us;   /*   waiting for a chunk to land */
+    double slots_us;   /*   lane 0 waiting for a slot's stores to read it */
+    double publish_us; /* each batch: its stores complete, a fence, its flags */
+    uint64_t rows;     /* rows pushed */
+    uint64_t batches;  /* batches published */
+} symm_variant_spans_push;
+
+typedef struct symm_variant_spans_sums {
+    uint64_t warps;    /* combine's warps that summed (every warp; push warps after their pushes) */
+    double loop_us;    /* from the warp's first unit of work taken to none left */
+    double wait_us;    /* waiting for a unit's rows or the peers' parts to arrive */
+    double sum_us;     /* summing (loads, adds, stores of out), the waits excluded */
+    uint64_t units;    /* units of work taken */
+    uint64_t tokens;   /* token sums (a slice of a token counts as one) */
+} symm_variant_spans_sums;
+
+typedef struct symm_variant_spans_rows {
+    uint64_t warps;    /* dispatch's warps that sent tokens */
+    double loop_us;    /* sending the rows: from the bases known to every store complete */
+    double loads_us;   /* waiting for a chunk of x to land */
+    double slots_us;   /* lane 0 waiting for a slot's stores to read it */
+    double drain_us;   /* the last wait: every store complete */
+    uint64_t tokens;   /* tokens sent */
+    uint64_t rows;     /* row copies (destinations) */
+} symm_variant_spans_rows;
+
 /* Where the time of dispatch and combine goes, on a variant created with the
- * tuning knob PROFILE=1 (SYMM_TUNE or symm_variant_options.tune; the kernels
- * then read %globaltimer at the end of each phase, a few atomics per block).
- * Microseconds from the earliest block's start of the kernel on this rank's
- * GPU, the latest block or warp for each phase. */
+ * tuning knob PROFILE=1 or 2 (SYMM_TUNE or symm_variant_options.tune; the
+ * kernels then read %globaltimer at the end of each phase, a few atomics per
+ * block; with 2 also the spans, a few atomics per warp). The phases:
+ * microseconds from the earliest block's start of the kernel on this rank's
+ * GPU, the latest block or warp for each phase. Fields are only ever
+ * appended. */
 typedef struct symm_variant_profile {
     double dispatch_routed_us;    /* every warp's tokens validated and counted */
     double dispatch_counted_us;   /* this rank's counts published to every peer */
@@ -246,13 +301,19 @@ typedef struct symm_variant_profile {
     double combine_pushed_us;     /* every received row pushed back and flagged */
     double combine_flags_in_us;   /* every unit of summing work found its rows arrived */
     double combine_us;            /* every sum written */
+    int level;                    /* the variant's PROFILE: 1, or 2 with the spans below */
+    symm_variant_spans_parts parts; /* PROFILE=2 (else zeros): combine's push warps forming partial sums */
+    symm_variant_spans_push push;   /* ... combine's push warps pushing whole rows */
+    symm_variant_spans_sums sums;   /* ... combine's sums */
+    symm_variant_spans_rows rows;   /* ... dispatch's rows sent */
 } symm_variant_profile;
 
 /* The profile of the calls since the last read (earliest start, latest ends:
- * read after each dispatch + combine for one call's phases), after the work
- * queued so far on stream has finished (this synchronizes that stream); then
- * starts afresh. A phase no call reached reads -1. SYMM_ERR_STATE when the
- * variant was not created with PROFILE=1. */
+ * read after each dispatch + combine for one call's phases; the spans sum
+ * over the calls), after the work queued so far on stream has finished
+ * (this synchronizes that stream); then starts afresh. A phase no call
+ * reached reads -1. SYMM_ERR_STATE when the variant was not created with
+ * PROFILE=1 or 2. */
 symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_variant_profile *out);
 
 #ifdef __cplusplus

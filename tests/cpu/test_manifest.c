@@ -28,7 +28,7 @@
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "e75940ac325712a53305c48d6bcaf69142d63d1b925f911a9954a98f03cc6838"
+#define RANK_SHA "890e784e8e9d9d4c835ceb7feb5fc46d206824c3beaad6f92fe939e008560e0b"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -220,7 +220,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "3b024d48f1a72d210a0ac9d0faf2b405219599baa1c86abb38f92c099ac51ed0");
+                  "790d4f62b9b1af1617df299cb627c531b1c92e933fd9754906f9e148e67dfb23");
     symm_manifest_close(m);
 }
 
@@ -776,8 +776,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"e759", "\"source_sha256\": \"E759",
-         "variant tiny_rank: field source_sha256: got \"E75940ac325712a53305c48d6bcaf69142d63d1b\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"890e", "\"source_sha256\": \"890E",
+         "variant tiny_rank: field source_sha256: got \"890E784e8e9d9d4c835ceb7feb5fc46d206824c3\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1627,7 +1627,7 @@ Test(manifest, variant_create_picks_the_backend_before_the_gpu)
 }
 
 /* symm_desc_check_source: the fixture's descriptor agrees with its source;
- * each parameter and each region's offset and bytes changed alone is refused
+ * each parameter, the scratch's bytes and each region's offset and bytes changed alone is refused
  * naming that field, and a source without a constant says which. */
 Test(manifest, descriptor_must_match_the_constants_of_its_source)
 {
@@ -1661,6 +1661,8 @@ Test(manifest, descriptor_must_match_the_constants_of_its_source)
         PERTURB("dtype", e.dtype = e.dtype == SYMM_DTYPE_BF16 ? SYMM_DTYPE_FP16 : SYMM_DTYPE_BF16);
         PERTURB("combine_dtype",
                 e.combine_dtype = e.combine_dtype == SYMM_DTYPE_FP32 ? SYMM_DTYPE_BF16 : SYMM_DTYPE_FP32);
+        /* The profile's spans (PROFILE=2) lie after the scratch: the kernels' SCRATCH_BYTES. */
+        PERTURB("scratch_bytes", e.scratch_bytes += 256);
         for (int i = 0; i < SYMM_REGION_COUNT; i++) {
             char field[80];
             snprintf(field, sizeof field, "descriptor field regions.%s.offset is ", symm_region_name(i));

@@ -7,8 +7,8 @@
  * GPU (the values it accepts would start the GPU tests on a GPU host, so
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
  * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else;
- * scripts/device-run.sh's RUN_BUDGET (on a fake machine: a fake
- * nvidia-smi on PATH, fake build binaries);
+ * scripts/device-run.sh's RUN_BUDGET and its spans step (on a fake
+ * machine: a fake nvidia-smi on PATH, fake build binaries);
  * bench/link_probe's kernels (link_probe_kernels.h), which NVRTC compiles
  * only on a GPU host at run time, compile here without a warning. Run from
  * the repository root, as make test does. */
@@ -207,6 +207,47 @@ Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_bac
     snprintf(command, sizeof command, "test -s %s/out/summary.log && tar -tzf %s/out/logs.tgz", dir, dir);
     cr_assert_eq(run(command, out, sizeof out), 0, "summary.log and logs.tgz under OUT: %s", out);
     cr_assert(strstr(out, "link_probe.log"), "%s", out);
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    run(command, out, sizeof out);
+}
+
+/* The spans step: moe_bench --profile=2 --no-nccl on rows PROFILE_GROUPS
+ * (default g,a,b), a rank per GPU, the bench spec at the host's world, its
+ * log in OUT's spans.log. On a fake machine with 2 and with 4 GPUs, whose
+ * symmrun prints what it was given. */
+Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
+{
+    char dir[] = "/tmp/symm-device-run-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char command[1024], out[8192];
+    snprintf(command, sizeof command,
+             "d=%s; mkdir -p $d/build/bin $d/path $d/out && "
+             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bin/symmgen && "
+             "printf '#!/bin/sh\\necho symmrun \"$*\"\\n' > $d/build/bin/symmrun && "
+             "chmod +x $d/build/bin/symmgen $d/build/bin/symmrun",
+             dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    const struct {
+        int gpus;
+        const char *groups, *want_groups, *manifest;
+    } cases[] = {{2, NULL, "--groups g,a,b", "--manifest out/bench/manifest.json"},
+                 {4, "g", "--groups g ", "--manifest out/bench-w4/manifest.json"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(command, sizeof command,
+                 "d=%s; printf '#!/bin/sh\\nfor i in $(seq 0 %d); do echo \"GPU $i: fake\"; done\\n' > "
+                 "$d/path/nvidia-smi && chmod +x $d/path/nvidia-smi && rm -f $d/out/spans.log && "
+                 "env PATH=$d/path:$PATH OUT=$d/out %s%s scripts/device-run.sh $d/build spans && "
+                 "cat $d/out/spans.log",
+                 dir, cases[c].gpus - 1, cases[c].groups ? "PROFILE_GROUPS=" : "",
+                 cases[c].groups ? cases[c].groups : "");
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        char ranks[32];
+        snprintf(ranks, sizeof ranks, "-n %d ", cases[c].gpus);
+        const char *want[] = {"symmrun ", ranks, "bench/moe_bench", "--profile=2", "--no-nccl", cases[c].want_groups,
+                              cases[c].manifest};
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+            cr_assert(strstr(out, want[i]), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, want[i], out);
+    }
     snprintf(command, sizeof command, "rm -rf %s", dir);
     run(command, out, sizeof out);
 }

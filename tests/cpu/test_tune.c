@@ -32,7 +32,7 @@ static const struct {
     int min, max;
 } knobs[] = {
     {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
-    {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 1}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
+    {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 2}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1},
@@ -48,10 +48,10 @@ Test(tune, nothing_means_no_option)
     symm_tune t;
     cr_assert_eq(symm_tune_parse(NULL, "SYMM_TUNE", &t), SYMM_OK);
     cr_assert_eq(t.count, 0);
-    cr_assert(t.pdl && !t.profile, "defaults: PDL on, PROFILE off");
+    cr_assert(t.pdl && t.profile == 0, "defaults: PDL on, PROFILE 0");
     cr_assert_eq(symm_tune_parse("", "SYMM_TUNE", &t), SYMM_OK);
     cr_assert_eq(t.count, 0);
-    cr_assert(t.pdl && !t.profile, "defaults: PDL on, PROFILE off");
+    cr_assert(t.pdl && t.profile == 0, "defaults: PDL on, PROFILE 0");
     cr_assert_eq(symm_tune_parse(" ,, \t", "SYMM_TUNE", &t), SYMM_OK);
     cr_assert_eq(t.count, 0);
 }
@@ -80,16 +80,33 @@ Test(tune, every_knob_in_range_becomes_one_define)
         symm_tune t;
         cr_assert_eq(symm_tune_parse(text, "SYMM_TUNE", &t), SYMM_OK, "\"%s\": %s", text, symm_last_error());
         cr_assert_eq(t.count, n, "\"%s\"", text);
-        bool profile = false, pdl = true;
+        int profile = 0;
+        bool pdl = true;
         for (int i = 0; i < n; i++) {
             char want[64];
             FMT(want, "-DSYMM_TUNE_%s=%d", knobs[order[i]].name, value[i]);
             cr_assert_str_eq(t.option[i], want, "\"%s\"", text);
-            profile |= !strcmp(knobs[order[i]].name, "PROFILE") && value[i] == 1;
+            if (!strcmp(knobs[order[i]].name, "PROFILE"))
+                profile = value[i];
             pdl &= !(!strcmp(knobs[order[i]].name, "PDL") && value[i] == 0);
         }
         cr_assert_eq(t.profile, profile, "\"%s\": profile %d", text, t.profile);
         cr_assert_eq(t.pdl, pdl, "\"%s\": pdl %d", text, t.pdl);
+    }
+}
+
+/* PROFILE keeps its level: 1 the phase times, 2 the spans too. */
+Test(tune, profile_keeps_its_level)
+{
+    for (int level = 0; level <= 2; level++) {
+        char text[32], want[48];
+        FMT(text, "PDL=1 PROFILE=%d", level);
+        FMT(want, "-DSYMM_TUNE_PROFILE=%d", level);
+        symm_tune t;
+        cr_assert_eq(symm_tune_parse(text, "SYMM_TUNE", &t), SYMM_OK, "\"%s\": %s", text, symm_last_error());
+        cr_assert_eq(t.profile, level, "\"%s\": profile %d", text, t.profile);
+        cr_assert_eq(t.count, 2);
+        cr_assert_str_eq(t.option[1], want);
     }
 }
 
@@ -122,6 +139,8 @@ Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
     refused("PUSH_WARPS=99999999999999999999999", "PUSH_WARPS=99999999999999999999999",
             "expected an integer value");
     refused("SUM_UNROLL=2 SUM_UNROLL=4", "SUM_UNROLL=4", "knob given twice");
+    /* PROFILE's levels: 1 the phases, 2 the spans too; nothing above. */
+    refused("PUSH_WARPS=4,PROFILE=3", "PROFILE=3", "out of range 0..2");
     for (int k = 0; k < N_KNOBS; k++) {
         char item[64], range[32];
         FMT(range, "out of range %d..%d", knobs[k].min, knobs[k].max);
@@ -384,4 +403,47 @@ Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .
 {
     check_decode_knob("CHAIN_GRID", 1, NULL, 0, true, true);
     check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
+}
+
+/* PROFILE=2 compiles the spans of every kind of warp without a warning,
+ * into code other than PROFILE=1's with the same knobs: layout rank's push
+ * warps, sums and dispatch's rows; layout expert's parts formed by the grid
+ * (its sums' wait for them), by the push warps with the lanes storing
+ * (the default where PUSH_PARTIALS is on) and with bulk stores through two
+ * slots; the pulling combine. */
+Test(tune, profile_2_compiles_the_spans_of_every_kind_of_warp, .init = gen_setup, .fini = gen_teardown)
+{
+    const struct {
+        const char *name;
+        const char *knobs[3];
+        int values[3];
+    } cases[] = {
+        {"bf16_rank_w2", {NULL}, {0}},
+        {"bf16_expert_w2", {NULL}, {0}},
+        {"bf16_expert_w2", {"PUSH_PARTIALS", NULL}, {1}},
+        {"bf16_expert_w2", {"PUSH_PARTIALS", "PARTIAL_LANES", "PARTIAL_SLOTS"}, {1, 0, 2}},
+        {"fp16_expert_a8_pull_w2", {NULL}, {0}},
+    };
+    const int profile = knob_index("PROFILE");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char *src = read_variant(cases[c].name);
+        int value[N_KNOBS];
+        for (int k = 0; k < N_KNOBS; k++)
+            value[k] = NOT_GIVEN;
+        for (int i = 0; i < 3 && cases[c].knobs[i]; i++)
+            value[knob_index(cases[c].knobs[i])] = cases[c].values[i];
+        symm_jit_result phases, spans;
+        value[profile] = 1;
+        cr_assert_eq(compile_tuned(cases[c].name, src, value, &phases), SYMM_OK, "%s, case %zu, PROFILE=1: %s",
+                     cases[c].name, c, symm_last_error());
+        value[profile] = 2;
+        cr_assert_eq(compile_tuned(cases[c].name, src, value, &spans), SYMM_OK, "%s, case %zu, PROFILE=2: %s",
+                     cases[c].name, c, symm_last_error());
+        cr_assert_str_eq(spans.log, "", "%s, case %zu, PROFILE=2: NVRTC warns: %s", cases[c].name, c, spans.log);
+        cr_assert(!same_cubin(&phases, &spans), "%s, case %zu: PROFILE=2 compiles to PROFILE=1's code",
+                  cases[c].name, c);
+        symm_jit_result_free(&phases);
+        symm_jit_result_free(&spans);
+        free(src);
+    }
 }

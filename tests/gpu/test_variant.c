@@ -1427,6 +1427,8 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
         gpu_case_poison(&t, &c);
         gpu_case_call(&t, &c, call, false);
         EXPECT_OK(symm_variant_profile_read(t.v, t.stream, &p));
+        cr_assert(p.level == 1 && p.sums.warps == 0 && p.rows.warps == 0 && p.rows.loop_us == 0,
+                  "rank %d: PROFILE=1 reads no spans (level %d)", t.c.rank, p.level);
         const double d[] = {p.dispatch_routed_us, p.dispatch_counted_us, p.dispatch_counts_in_us, p.dispatch_bases_us,
                             p.dispatch_stored_us, p.dispatch_rows_out_us, p.dispatch_rows_in_us, p.dispatch_us};
         for (int i = 0; i < 8; i++)
@@ -1463,6 +1465,102 @@ Test(variant, profiled_and_tuned_variant_is_exact_and_reports_its_phases_in_orde
         gpu_case_free(&c);
     }
     vt_end(&t);
+}
+
+/* PROFILE=2: each kind of warp's spans nest as documented (docs/api.md
+ * "Spans": the spans of a loop add up to at most the loop, the parts of a
+ * span to at most that span), its counts are whole: every combine warp sums
+ * once, dispatch sends every one of this rank's tokens once, every part
+ * has rows and chunks; the results stay exact; and the next read, with no
+ * call in between, finds nothing. */
+static void expect_spans(const vt *t, const symm_variant_profile *p, int tokens, const char *tune, bool parts)
+{
+    const double e = 1e-6;
+#define NESTS(inner, outer)                                                                                        \
+    cr_assert((inner) <= (outer) * (1 + e) + e, "rank %d, %s, %s: %s = %.3f us above %s = %.3f us", t->c.rank,    \
+              t->name, tune, #inner, (double)(inner), #outer, (double)(outer))
+    cr_assert_eq(p->level, 2, "rank %d, %s: level %d", t->c.rank, tune, p->level);
+    /* Every warp of combine sums (the push warps after their pushes). */
+    cr_assert_eq(p->sums.warps, (uint64_t)t->d->sms * 16, "rank %d, %s, %s: %llu sum warps", t->c.rank, t->name, tune,
+                 (unsigned long long)p->sums.warps);
+    NESTS(p->sums.wait_us + p->sums.sum_us, p->sums.loop_us);
+    cr_assert(p->sums.tokens >= (uint64_t)tokens && p->sums.units >= 1, "rank %d, %s: %llu token sums of %d tokens",
+              t->c.rank, tune, (unsigned long long)p->sums.tokens, tokens);
+    /* Each of this rank's tokens goes out from one warp. */
+    cr_assert_eq(p->rows.tokens, (uint64_t)tokens, "rank %d, %s, %s: %llu tokens sent of %d", t->c.rank, t->name,
+                 tune, (unsigned long long)p->rows.tokens, tokens);
+    cr_assert(p->rows.warps >= 1 && p->rows.warps <= (uint64_t)t->d->sms * 16, "rank %d: %llu sending warps",
+              t->c.rank, (unsigned long long)p->rows.warps);
+    NESTS(p->rows.loads_us + p->rows.slots_us + p->rows.drain_us, p->rows.loop_us);
+    NESTS(p->push.copy_us + p->push.publish_us, p->push.loop_us);
+    NESTS(p->push.loads_us + p->push.slots_us, p->push.copy_us);
+    cr_assert(p->push.rows >= p->push.batches, "rank %d: %llu rows in %llu batches", t->c.rank,
+              (unsigned long long)p->push.rows, (unsigned long long)p->push.batches);
+    NESTS(p->parts.scan_us + p->parts.part_us + p->parts.publish_us, p->parts.loop_us);
+    NESTS(p->parts.issue_us + p->parts.loads_us + p->parts.sums_us + p->parts.slots_us, p->parts.part_us);
+    cr_assert(p->parts.chunks >= p->parts.parts && p->parts.rows >= p->parts.parts, "rank %d: %llu parts, %llu "
+              "chunks, %llu rows", t->c.rank, (unsigned long long)p->parts.parts, (unsigned long long)p->parts.chunks,
+              (unsigned long long)p->parts.rows);
+    /* The push warps forming parts (PUSH_PARTIALS) pushed no whole rows, and
+     * the other way round. */
+    cr_assert(parts ? p->parts.warps >= 1 && p->push.warps == 0 : p->parts.warps == 0, "rank %d, %s, %s: %llu warps "
+              "forming parts, %llu pushing rows", t->c.rank, t->name, tune, (unsigned long long)p->parts.warps,
+              (unsigned long long)p->push.warps);
+#undef NESTS
+}
+
+static void spans_case(want w, const char *tag, const char *knobs, bool parts)
+{
+    vt t;
+    vt_setup(&t, tag, w, 0);
+    char tune[96];
+    snprintf(tune, sizeof tune, "%s%sPROFILE=2", knobs, *knobs ? "," : "");
+    symm_variant_options o = native_options();
+    o.tune = tune;
+    vt_open(&t, &o);
+    for (uint64_t call = 1; call <= 2; call++) {
+        int tokens[MAX_W];
+        random_tokens(&t, tokens, 300 + call);
+        gpu_case c;
+        gpu_case_upload(&t, &c, moe_rng_for(t.seed, 9, call).s, t.seed ^ (call << 9), tokens, false);
+        gpu_case_poison(&t, &c);
+        gpu_case_call(&t, &c, call, false);
+        symm_variant_profile p;
+        EXPECT_OK(symm_variant_profile_read(t.v, t.stream, &p));
+        expect_spans(&t, &p, tokens[t.c.rank], tune, parts);
+        if (t.c.rank == 0 && call == 1)
+            printf("spans (%s, %s, not a timing): a part warp's loop %.1f us (parts %.1f), a push warp's %.1f, a sum "
+                   "warp's %.1f (waits %.1f), a sending warp's %.1f (loads %.1f)\n", t.name, tune,
+                   p.parts.warps ? p.parts.loop_us / (double)p.parts.warps : 0.0,
+                   p.parts.warps ? (double)p.parts.parts / (double)p.parts.warps : 0.0,
+                   p.push.warps ? p.push.loop_us / (double)p.push.warps : 0.0, p.sums.loop_us / (double)p.sums.warps,
+                   p.sums.wait_us / (double)p.sums.warps, p.rows.loop_us / (double)p.rows.warps,
+                   p.rows.loads_us / (double)p.rows.warps);
+        EXPECT_OK(symm_variant_profile_read(t.v, t.stream, &p));
+        cr_assert(p.level == 2 && p.sums.warps == 0 && p.rows.warps == 0 && p.parts.warps == 0 && p.push.warps == 0 &&
+                      p.sums.loop_us == 0 && p.rows.tokens == 0,
+                  "rank %d: a read with no call in between found spans", t.c.rank);
+        gpu_case_free(&c);
+    }
+    vt_end(&t);
+}
+
+Test(variant, spans_of_layout_rank_nest_and_count_every_warp)
+{
+    spans_case(LAYOUT_RANK_ANY, "spans-rank", "", false);
+}
+
+/* Layout expert at the default spec's sizes: the grid forms the parts
+ * (PARTIAL_GRID), which the sums wait for; with PUSH_PARTIALS the push
+ * warps form them (partial_row). */
+Test(variant, spans_of_layout_expert_nest_and_count_every_warp)
+{
+    spans_case(LAYOUT_EXPERT_ANY, "spans-expert", "", false);
+}
+
+Test(variant, spans_of_pushed_partial_sums_nest_and_count_every_part)
+{
+    spans_case(LAYOUT_EXPERT_ANY, "spans-parts", "PUSH_PARTIALS=1", true);
 }
 
 /* ---- 4. backends -------------------------------------------------------------------------- */
