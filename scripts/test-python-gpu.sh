@@ -11,7 +11,7 @@
 #     on the CPU against the all_to_all_single reference backend instead).
 # Every rank's log goes to $LOGS (default $SYMM_BUILD_DIR/python-gpu-logs);
 # rank 0's is shown.
-# usage: SYMM_BUILD_DIR=build [PYTHON=python3] [SYMMGEN_TEST_INSTALLED=1]
+# usage: SYMM_BUILD_DIR=build [PYTHON=python3] [SYMMGEN_TEST_INSTALLED=1] [SYMM_TEST_PY_STACKS=s]
 #        scripts/test-python-gpu.sh [PYTEST_ARGS...]
 set -uo pipefail
 build=$(cd "${SYMM_BUILD_DIR:-build}" 2>/dev/null && pwd || echo "${SYMM_BUILD_DIR:-build}")
@@ -20,6 +20,10 @@ note() { echo "test-python-gpu: $*"; }
 world=${SYMM_TEST_PY_WORLD:-2}
 if ! [[ "$world" =~ ^[2-8]$ ]]; then
     note "SYMM_TEST_PY_WORLD=$world: expected 2 to 8 ranks"
+    exit 2
+fi
+if ! [[ "${SYMM_TEST_PY_STACKS:-120}" =~ ^[1-9][0-9]*$ ]]; then
+    note "SYMM_TEST_PY_STACKS=$SYMM_TEST_PY_STACKS: expected whole seconds above 0"
     exit 2
 fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
@@ -59,5 +63,9 @@ elif [ "$ngpu" -eq 1 ] && [ "${SYMM_TEST_MPS:-1}" != 0 ]; then
     note "one GPU: both ranks on it under a CUDA MPS daemon ($mps)"
 fi
 note "$("$py" -c 'import torch; print("torch", torch.__version__)'), $ngpu GPU(s), world $world, logs in $logs"
+# Each test's name as it starts, every rank's in its log, and (pytest's
+# faulthandler) every thread's stack once a test has run for
+# SYMM_TEST_PY_STACKS seconds (default 120): a run cut short by its limit
+# still says which test each rank was in, and where.
 "$py" -m torch.distributed.run --nproc-per-node "$world" --log-dir "$logs" --tee 3 --local-ranks-filter 0 \
-    -m pytest -q -p no:cacheprovider -rs tests/python/gpu "$@"
+    -m pytest -v -p no:cacheprovider -rs -o faulthandler_timeout="${SYMM_TEST_PY_STACKS:-120}" tests/python/gpu "$@"

@@ -6,7 +6,8 @@
  * (SYMM_TEST_PARTS, SYMM_TEST_WORLDS), which comes before it looks for a
  * GPU (the values it accepts would start the GPU tests on a GPU host, so
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
- * world outside 2..8 (SYMM_TEST_PY_WORLD), before anything else;
+ * world outside 2..8 (SYMM_TEST_PY_WORLD) and of a stack-dump time that
+ * is not whole seconds (SYMM_TEST_PY_STACKS), before anything else;
  * scripts/device-run.sh's RUN_BUDGET and its spans step (on a fake
  * machine: a fake nvidia-smi on PATH, fake build binaries);
  * bench/link_probe's kernels (link_probe_kernels.h), which NVRTC compiles
@@ -166,6 +167,16 @@ Test(test_python_gpu, refuses_a_world_outside_2_to_8_before_anything_else)
         char command[256], out[1024];
         snprintf(command, sizeof command, "env SYMM_TEST_PY_WORLD=%s scripts/test-python-gpu.sh", bad[i]);
         expect_refused(command, "expected 2 to 8 ranks", out, sizeof out);
+    }
+}
+
+Test(test_python_gpu, refuses_a_stack_dump_time_that_is_not_whole_seconds)
+{
+    const char *bad[] = {"0", "-5", "2m", "1.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char command[256], out[1024];
+        snprintf(command, sizeof command, "env SYMM_TEST_PY_STACKS=%s scripts/test-python-gpu.sh", bad[i]);
+        expect_refused(command, "expected whole seconds above 0", out, sizeof out);
     }
 }
 
