@@ -457,4 +457,4 @@ for s in "$@"; do
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
 cp "$out/summary.log" "$final/summary.log"
-tar -C "$out" -czf "$final/logs.tgz" .
+tar -C "$out" -czf "$final/logs.tgz" . && rm -rf "$out"

@@ -187,23 +187,33 @@ Test(device_run, refuses_a_run_budget_that_is_not_whole_seconds)
                    "RUN_BUDGET must be whole seconds, got '10s'", out, sizeof out);
 }
 
+/* A fake GPU machine under dir (made by mkdtemp) for device-run.sh:
+ * dir/path/nvidia-smi names `gpus` GPUs, dir/build/bin/symmgen does
+ * nothing and dir/build/bin/symmrun runs `symmrun_body` (sh); OUT is
+ * dir/out. */
+static void fake_machine(const char *dir, int gpus, const char *symmrun_body)
+{
+    char command[1024], out[4096];
+    snprintf(command, sizeof command,
+             "d=%s; mkdir -p $d/build/bin $d/path $d/out && "
+             "printf '#!/bin/sh\\nfor i in $(seq 0 %d); do echo \"GPU $i: fake\"; done\\n' > $d/path/nvidia-smi && "
+             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bin/symmgen && "
+             "printf '#!/bin/sh\\n%%s\\n' '%s' > $d/build/bin/symmrun && "
+             "chmod +x $d/path/nvidia-smi $d/build/bin/symmgen $d/build/bin/symmrun",
+             dir, gpus - 1, symmrun_body);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+}
+
 /* RUN_BUDGET cuts a step's limit to what is left and skips the steps that
  * find too little, so the summary and the logs always come back. On a fake
- * machine: nvidia-smi names one GPU, symmgen does nothing and symmrun (the
- * probe step's launcher) would sleep for a minute. */
+ * machine (fake_machine) with one GPU, whose symmrun (the probe step's
+ * launcher) would sleep for a minute. */
 Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_back)
 {
     char dir[] = "/tmp/symm-device-run-XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     char command[1024], out[8192];
-    snprintf(command, sizeof command,
-             "d=%s; mkdir -p $d/build/bin $d/path $d/out && "
-             "printf '#!/bin/sh\\necho \"GPU 0: fake\"\\n' > $d/path/nvidia-smi && "
-             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bin/symmgen && "
-             "printf '#!/bin/sh\\nsleep 60\\n' > $d/build/bin/symmrun && "
-             "chmod +x $d/path/nvidia-smi $d/build/bin/symmgen $d/build/bin/symmrun",
-             dir);
-    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    fake_machine(dir, 1, "sleep 60");
     snprintf(command, sizeof command,
              "d=%s; t0=$(date +%%s); env PATH=$d/path:$PATH RUN_BUDGET=16 OUT=$d/out "
              "scripts/device-run.sh $d/build probe probe; echo \"rc=$? took=$(( $(date +%%s) - t0 ))\"",
@@ -231,26 +241,18 @@ Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
     char dir[] = "/tmp/symm-device-run-XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     char command[1024], out[8192];
-    snprintf(command, sizeof command,
-             "d=%s; mkdir -p $d/build/bin $d/path $d/out && "
-             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bin/symmgen && "
-             "printf '#!/bin/sh\\necho symmrun \"$*\"\\n' > $d/build/bin/symmrun && "
-             "chmod +x $d/build/bin/symmgen $d/build/bin/symmrun",
-             dir);
-    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
     const struct {
         int gpus;
         const char *groups, *want_groups, *manifest;
     } cases[] = {{2, NULL, "--groups g,a,b", "--manifest out/bench/manifest.json"},
                  {4, "g", "--groups g ", "--manifest out/bench-w4/manifest.json"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fake_machine(dir, cases[c].gpus, "echo symmrun \"$*\"");
         snprintf(command, sizeof command,
-                 "d=%s; printf '#!/bin/sh\\nfor i in $(seq 0 %d); do echo \"GPU $i: fake\"; done\\n' > "
-                 "$d/path/nvidia-smi && chmod +x $d/path/nvidia-smi && rm -f $d/out/spans.log && "
+                 "d=%s; rm -f $d/out/spans.log && "
                  "env PATH=$d/path:$PATH OUT=$d/out %s%s scripts/device-run.sh $d/build spans && "
                  "cat $d/out/spans.log",
-                 dir, cases[c].gpus - 1, cases[c].groups ? "PROFILE_GROUPS=" : "",
-                 cases[c].groups ? cases[c].groups : "");
+                 dir, cases[c].groups ? "PROFILE_GROUPS=" : "", cases[c].groups ? cases[c].groups : "");
         cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
         char ranks[32];
         snprintf(ranks, sizeof ranks, "-n %d ", cases[c].gpus);
