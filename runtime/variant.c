@@ -180,6 +180,9 @@ static uint64_t scratch_bytes(const symm_variant *v)
     return v->desc->scratch_bytes + (v->profile >= 2 ? SYMM_PROFILE_SPANS_BYTES : 0);
 }
 
+/* Where the spans lie (PROFILE=2): right after the descriptor's scratch. */
+static CUdeviceptr profile_spans(const symm_variant *v) { return v->scratch + v->desc->scratch_bytes; }
+
 /* JIT-compile (through the cache) and load the kernels with the tuning;
  * check that every block of a launch can be resident at once (blocks wait
  * for each other). */
@@ -700,7 +703,7 @@ static symm_status profile_reset(symm_variant *v, CUstream stream)
     SYMM_CU(cu, cuMemcpyHtoDAsync(symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET, empty,
                                   sizeof empty, stream));
     if (v->profile >= 2)
-        SYMM_CU(cu, cuMemcpyHtoDAsync(v->scratch + v->desc->scratch_bytes, zeros, sizeof zeros, stream));
+        SYMM_CU(cu, cuMemcpyHtoDAsync(profile_spans(v), zeros, sizeof zeros, stream));
     SYMM_CU(cu, cuStreamSynchronize(stream));
     return SYMM_OK;
 }
@@ -721,7 +724,7 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
     SYMM_CU(cu, cuMemcpyDtoH(phases, symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET,
                              sizeof phases));
     if (v->profile >= 2)
-        SYMM_CU(cu, cuMemcpyDtoH(spans, v->scratch + v->desc->scratch_bytes, sizeof spans));
+        SYMM_CU(cu, cuMemcpyDtoH(spans, profile_spans(v), sizeof spans));
     SYMM_TRY(profile_reset(v, stream));
     symm_profile_from_slots(phases, v->profile >= 2 ? spans : NULL, v->profile, out);
     return SYMM_OK;

@@ -17,22 +17,9 @@
 #include "symm_status.h"
 #include "symm_variant.h"
 #include "symm_world.h"
+#include "test_file.h"
 
 #define INCLUDE_DIR "runtime/include"
-
-static char *read_text(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "%s: cannot open (run the tests from the repository root)", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *text = malloc((size_t)n + 1);
-    cr_assert(text && fread(text, 1, (size_t)n, f) == (size_t)n);
-    text[n] = '\0';
-    fclose(f);
-    return text;
-}
 
 /* The public headers, sorted; *n of them. */
 static char **public_headers(size_t *n)
@@ -65,7 +52,7 @@ Test(api, every_destroy_close_and_free_returns_a_status)
     for (size_t i = 0; i < n; i++) {
         char path[512];
         snprintf(path, sizeof path, INCLUDE_DIR "/%s", names[i]);
-        char *text = read_text(path);
+        char *text = test_slurp(path, NULL);
         regmatch_t m[4];
         for (const char *p = text; regexec(&re, p, 4, m, p == text ? 0 : REG_NOTBOL) == 0; p += m[0].rm_eo) {
             char type[64], name[96];

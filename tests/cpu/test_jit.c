@@ -23,6 +23,7 @@
 #include "symm_jit.h"
 #include "moe_inputs.h"
 #include "world_fork.h"
+#include "test_file.h"
 
 #define HEADER SYMM_JIT_CACHE_HEADER_SIZE
 
@@ -82,20 +83,6 @@ static void compile_ok(const symm_jit_request *req, symm_jit_result *res)
     cr_assert(res->cubin && res->cubin_size > 64, "no cubin (%zu bytes)", res->cubin_size);
     cr_assert(!memcmp(res->cubin, "\x7f" "ELF", 4), "the cubin is not an ELF image");
     cr_assert(res->warning && res->log && res->cache_path, "a result string is NULL");
-}
-
-static void *read_file(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "open %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *data = malloc(n ? (size_t)n : 1);
-    cr_assert(fread(data, 1, (size_t)n, f) == (size_t)n, "read %s", path);
-    fclose(f);
-    *size = (size_t)n;
-    return data;
 }
 
 static void write_file(const char *path, const void *data, size_t size)
@@ -248,7 +235,7 @@ Test(jit, cold_compile_misses_then_the_cache_returns_identical_bytes)
                   strstr(cold.cache_path, ".cubin"),
               "cache_path %s: expected <%s>/<key>.cubin", cold.cache_path, cache_dir);
     size_t size;
-    uint8_t *entry = read_file(cold.cache_path, &size);
+    uint8_t *entry = test_slurp(cold.cache_path, &size);
     cr_assert(size == HEADER + cold.cubin_size, "entry of %zu bytes for a %zu-byte cubin", size,
               cold.cubin_size);
     cr_assert(!memcmp(entry + HEADER, cold.cubin, cold.cubin_size), "entry payload differs");
@@ -327,7 +314,7 @@ static void check_damage_is_repaired(void (*damage)(const char *path, size_t siz
 static void flip_payload_byte(const char *path, size_t size)
 {
     size_t n;
-    uint8_t *entry = read_file(path, &n);
+    uint8_t *entry = test_slurp(path, &n);
     cr_assert_eq(n, size);
     entry[HEADER + rnd() % (size - HEADER)] ^= (uint8_t)(1u << (rnd() % 8));
     write_file(path, entry, n);
@@ -337,7 +324,7 @@ static void flip_payload_byte(const char *path, size_t size)
 static void flip_header_byte(const char *path, size_t size)
 {
     size_t n;
-    uint8_t *entry = read_file(path, &n);
+    uint8_t *entry = test_slurp(path, &n);
     cr_assert_eq(n, size);
     entry[rnd() % HEADER] ^= (uint8_t)(1u << (rnd() % 8));
     write_file(path, entry, n);
@@ -607,7 +594,7 @@ static void check_untrusted_entry_is_replaced(void (*plant)(const char *entry, c
     char copy[400];
     snprintf(copy, sizeof copy, "%s.elsewhere", cache_dir);
     size_t n;
-    void *bytes = read_file(first.cache_path, &n);
+    void *bytes = test_slurp(first.cache_path, &n);
     write_file(copy, bytes, n); /* a valid entry for the key, outside the cache */
     free(bytes);
     plant(first.cache_path, copy);
@@ -1002,7 +989,7 @@ static void *dump_file(const char *key_path, const char *ext, size_t *size)
     char path[400];
     snprintf(path, sizeof path, "%.*s.%s", (int)(strlen(key_path) - strlen(".cubin")), key_path,
              ext);
-    return read_file(path, size);
+    return test_slurp(path, size);
 }
 
 Test(jit, env_dump_writes_source_options_cubin_ptx_and_log)

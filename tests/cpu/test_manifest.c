@@ -25,6 +25,7 @@
 #include "symm_world.h"
 #include "variant_internal.h"
 #include "world_fork.h"
+#include "test_file.h"
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
@@ -47,24 +48,6 @@ static uint64_t fresh_seed(void)
     uint64_t seed;
     wf_random(&seed, sizeof seed);
     return seed;
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "cannot open %s: %s", path, strerror(errno));
-    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    cr_assert(n >= 0);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    cr_assert(buf);
-    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n, "short read of %s", path);
-    fclose(f);
-    buf[n] = '\0';
-    if (len)
-        *len = (size_t)n;
-    return buf;
 }
 
 static void spit(const char *path, const void *data, size_t len)
@@ -105,7 +88,7 @@ static void scratch_make(scratch *s)
         size_t len;
         snprintf(from, sizeof from, FIXTURE_DIR "/%s", sources[i]);
         snprintf(to, sizeof to, "%s/%s", s->dir, sources[i]);
-        char *text = slurp(from, &len);
+        char *text = test_slurp(from, &len);
         spit(to, text, len);
         free(text);
     }
@@ -153,7 +136,7 @@ static void expect_regions(const symm_variant_desc *d, const want_region *want, 
 static void expect_source(const symm_variant_desc *d, const char *file, const char *sha)
 {
     size_t len;
-    char *text = slurp(file, &len);
+    char *text = test_slurp(file, &len);
     cr_assert_eq(d->source_len, len, "%s: source_len %zu, the file has %zu bytes", d->name, d->source_len, len);
     cr_assert(d->source && memcmp(d->source, text, len) == 0 && d->source[len] == '\0',
               "%s: source differs from %s", d->name, file);
@@ -246,7 +229,7 @@ static symm_status open_edited(scratch *s, const char *text, const char *from, c
  * and the values. */
 Test(manifest, combine_is_read_and_a_manifest_without_it_pushes)
 {
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     static const struct {
         const char *from, *to;
         int rank, expert; /* desc.combine of tiny_rank and tiny_expert_fp8 */
@@ -297,7 +280,7 @@ Test(manifest, combine_is_read_and_a_manifest_without_it_pushes)
  * The fixture's tiny_expert_fp8 says k (and its source agrees). */
 Test(manifest, combine_order_is_read_and_a_manifest_without_it_sums_by_rank)
 {
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     static const struct {
         const char *from, *to;
         symm_combine_order expert;
@@ -387,13 +370,13 @@ Test(manifest, edited_source_is_refused_with_both_hashes)
 {
     scratch s;
     scratch_make(&s);
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     scratch_write(&s, text);
     free(text);
     char cu[400];
     snprintf(cu, sizeof cu, "%s/tiny_rank.cu", s.dir);
     size_t len;
-    char *source = slurp(cu, &len), *edited = malloc(len);
+    char *source = test_slurp(cu, &len), *edited = malloc(len);
     memcpy(edited, source, len);
     uint64_t rng = fresh_seed();
     size_t at = below(&rng, len);
@@ -425,7 +408,7 @@ Test(manifest, missing_source_file_is_a_system_error_naming_it)
 {
     scratch s;
     scratch_make(&s);
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     scratch_write(&s, text);
     free(text);
     char cu[400];
@@ -667,7 +650,7 @@ Test(manifest, unknown_name_lists_the_names_the_manifest_has)
 
 Test(manifest, other_format_versions_are_unsupported)
 {
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     uint64_t rng = fresh_seed();
     long long versions[] = {3 + (long long)below(&rng, 1000), 1, 0, -(1 + (long long)below(&rng, 1000))};
     scratch s;
@@ -802,7 +785,7 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
 
 ParameterizedTest(bad_field *c, manifest, bad_field_is_named_with_its_value)
 {
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     char *edited = replace_once(text, c->from, c->to);
     scratch s;
     scratch_make(&s);
@@ -826,7 +809,7 @@ Test(manifest, unknown_members_are_ignored)
     };
     static const char *const anchors[] = {"\"format\": 2,", "\"name\": \"tiny_rank\",", "\"bytes\": 768,",
                                           "\"cu\": \"tiny_rank.cu\",", "\"name\": \"tiny_expert_fp8\""};
-    char *text = slurp(FIXTURE, NULL);
+    char *text = test_slurp(FIXTURE, NULL);
     scratch s;
     scratch_make(&s);
     uint64_t rng = fresh_seed();
@@ -939,7 +922,7 @@ static void end_position(const char *text, size_t len, int *line, int *col)
 Test(manifest, truncated_manifest_is_reported_where_it_ends)
 {
     size_t len;
-    char *text = slurp(FIXTURE, &len);
+    char *text = test_slurp(FIXTURE, &len);
     scratch s;
     scratch_make(&s);
     uint64_t rng = fresh_seed();
@@ -1107,7 +1090,7 @@ Test(manifest, mutated_manifests_never_crash)
     const uint64_t seed = 0x5eed0f5e3e7a11full;
     uint64_t rng = seed;
     size_t len;
-    char *text = slurp(FIXTURE, &len);
+    char *text = test_slurp(FIXTURE, &len);
     char *cur = malloc(len + 1024), *next = malloc(len + 1024);
     scratch s;
     scratch_make(&s);
@@ -1407,7 +1390,7 @@ Test(manifest, generated_default_spec_matches_its_stubs)
         cr_assert_eq(symm_desc_check_source(d), SYMM_OK, "%s: %s", v->name, symm_last_error());
         char stub[512];
         snprintf(stub, sizeof stub, "%s/%s.c", out, v->name);
-        char *text = slurp(stub, NULL);
+        char *text = test_slurp(stub, NULL);
         expect_stub_matches(d, text);
         free(text);
     }
@@ -1479,7 +1462,7 @@ Test(manifest, variant_open_checks_the_manifest_before_the_gpu)
     wf_job_id(t.job, sizeof t.job);
     wf_secret(t.secret);
     snprintf(t.bad_manifest, sizeof t.bad_manifest, "%s/bad.json", t.dir);
-    char *text = slurp(FIXTURE, NULL), *bad = replace_once(text, "\"topk\": 2", "\"topk\": 0");
+    char *text = test_slurp(FIXTURE, NULL), *bad = replace_once(text, "\"topk\": 2", "\"topk\": 0");
     spit(t.bad_manifest, bad, strlen(bad));
     free(bad);
     /* Hidden 512 passes every check of the manifest by itself (recv_x keeps
@@ -1490,7 +1473,7 @@ Test(manifest, variant_open_checks_the_manifest_before_the_gpu)
     free(other);
     char cu_path[320];
     size_t cu_len;
-    char *cu = slurp(FIXTURE_DIR "/tiny_rank.cu", &cu_len);
+    char *cu = test_slurp(FIXTURE_DIR "/tiny_rank.cu", &cu_len);
     snprintf(cu_path, sizeof cu_path, "%s/tiny_rank.cu", t.dir);
     spit(cu_path, cu, cu_len);
     free(cu);
@@ -1826,7 +1809,7 @@ Test(manifest, companions_are_linked_and_carried_as_in_the_stub)
         cr_assert_eq(p->hosts, 0);
         char stub_path[512];
         snprintf(stub_path, sizeof stub_path, "%s/%s.c", out, p->name);
-        char *stub = slurp(stub_path, NULL);
+        char *stub = test_slurp(stub_path, NULL);
         for (int i = 0; i < p->n_companions; i++) {
             const symm_variant_desc *c = &p->companions[i], *alone;
             const int H = want[w].hosts[i];
@@ -1849,7 +1832,7 @@ Test(manifest, companions_are_linked_and_carried_as_in_the_stub)
     symm_manifest_close(m);
 
     /* Broken links are refused at open, naming the variant and the entry. */
-    char *text = slurp(manifest, NULL);
+    char *text = test_slurp(manifest, NULL);
     static const struct { const char *from, *to, *needle; } bad[] = {
         {"{\"hosts\": 2, \"name\": \"hy_h2\"}", "{\"hosts\": 2, \"name\": \"hy_h9\"}",
          "variant hy: field companions[0]: {\"hosts\": 2, \"name\": \"hy_h9\"}: no variant of that name"},

@@ -10,22 +10,9 @@
 #include <string.h>
 
 #include "profile.h"
+#include "test_file.h"
 
 #define TEMPLATE "templates/cu/primitives.cu.in"
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "%s (run from the repository root)", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s && fread(s, 1, (size_t)n, f) == (size_t)n);
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
 
 typedef struct entry {
     char name[48];
@@ -110,7 +97,7 @@ static void expect_same(const char *text, const char *enum_name, const named *ho
 
 Test(profile, the_hosts_slots_are_the_kernels)
 {
-    char *text = slurp(TEMPLATE);
+    char *text = test_slurp(TEMPLATE, NULL);
     const named phases[] = {
         N(PROF_DISPATCH_START), N(PROF_DISPATCH_COUNTED), N(PROF_DISPATCH_COUNTS_IN), N(PROF_DISPATCH_ROWS_OUT),
         N(PROF_DISPATCH_ROWS_IN), N(PROF_DISPATCH_END), N(PROF_DISPATCH_BASES), N(PROF_DISPATCH_STORED),

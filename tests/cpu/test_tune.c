@@ -16,6 +16,7 @@
 #include "symm_jit.h"
 #include "tune.h"
 #include "world_fork.h"
+#include "test_file.h"
 
 #define FMT(buf, ...) cr_assert(snprintf(buf, sizeof buf, __VA_ARGS__) < (int)sizeof buf, "%s: too long", #buf)
 
@@ -178,16 +179,7 @@ static char *read_variant(const char *name)
 {
     char path[128];
     FMT(path, "%s/%s.cu", work, name);
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "%s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *src = malloc((size_t)n + 1);
-    cr_assert(src && fread(src, 1, (size_t)n, f) == (size_t)n);
-    src[n] = '\0';
-    fclose(f);
-    return src;
+    return test_slurp(path, NULL);
 }
 
 #define NOT_GIVEN INT_MIN
