@@ -74,6 +74,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     exit 0
 fi
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
+# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
+[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
 if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" ]; then
     note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (found $ngpu GPUs)"
     exit 1

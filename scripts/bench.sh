@@ -48,6 +48,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     exit 0
 fi
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
+# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
+[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
 world=${BENCH_WORLD:-$((ngpu < 8 ? ngpu : 8))}
 if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" ]; then
     note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (ranks sharing a GPU are time-sliced; found $ngpu GPUs)"
@@ -76,7 +78,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
 
 # The machine and the commit, for the record.
-machine=${BENCH_MACHINE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c |
+machine=${BENCH_MACHINE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n "$ngpu" | sort | uniq -c |
     awk '{n=$1; $1=""; sub(/^ /, ""); printf "%s%d x %s", (NR > 1 ? ", " : ""), n, $0}')}
 driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
 commit=${BENCH_COMMIT:-}

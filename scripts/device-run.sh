@@ -85,6 +85,8 @@
 #        then a profile of a,b)
 # The device's copy of the tree may carry another commit's .git: set
 # BENCH_COMMIT (the commit built here) for the bench step's RESULTS entry.
+# DEVICE_GPUS (optional): use only the first N GPUs, as a machine of N GPUs
+# would (the 2-GPU steps and worlds on a 4-GPU machine, in the same call).
 # RUN_BUDGET (seconds, optional): the whole invocation's time. Each step's
 # limit is cut to what is left less 10 s (the summary and logs.tgz), and a
 # step with less than 5 s left is skipped, so the summary always comes back.
@@ -97,6 +99,13 @@ build=$1; shift
 case ${RUN_BUDGET:-} in
 '' | *[!0-9]*) [ -z "${RUN_BUDGET:-}" ] || { echo "device-run: RUN_BUDGET must be whole seconds, got '$RUN_BUDGET'"; exit 2; } ;;
 esac
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+case ${DEVICE_GPUS:-} in
+'') ;;
+*[!0-9]* | 0) echo "device-run: DEVICE_GPUS must be a whole number of GPUs from 1, got '$DEVICE_GPUS'"; exit 2 ;;
+*) [ "$DEVICE_GPUS" -le "$ngpu" ] || { echo "device-run: DEVICE_GPUS=$DEVICE_GPUS but the machine has $ngpu GPUs"; exit 2; }
+   ngpu=$DEVICE_GPUS; export DEVICE_GPUS ;;
+esac
 # Logs go to one archive under $OUT (the device tool brings back few files).
 final=${OUT:-/tmp/out}
 out=$(mktemp -d /tmp/symm-logs.XXXXXX)
@@ -104,7 +113,6 @@ mkdir -p "$final"
 export LD_LIBRARY_PATH=$PWD/.bundle${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_TIMEOUT=${SYMM_TIMEOUT:-30} SYMM_CACHE_DIR=/tmp/symm-cache
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
 gpus=$(seq -s, 0 $((ngpu - 1)))
 run=$build/bin/symmrun
 summary=()
@@ -133,7 +141,7 @@ expert_sanitizers() { # name tune
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
     done
 }
-nvidia-smi -L > "$out/machine.log"
+{ nvidia-smi -L; echo "device-run: using $ngpu GPUs ($gpus)"; } > "$out/machine.log"
 $build/bin/symmgen -q -o out/default specs/default.lua >> "$out/machine.log" 2>&1
 $build/bin/symmgen -q -o out/models specs/models.lua >> "$out/machine.log" 2>&1
 $build/bin/symmgen -q -o out/worlds specs/worlds.lua >> "$out/machine.log" 2>&1

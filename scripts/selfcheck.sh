@@ -12,6 +12,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     exit 0
 fi
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
+# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
+[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
 gpus=0,1
 if [ "$ngpu" -lt 2 ]; then
     gpus=0

@@ -55,6 +55,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     exit 0
 fi
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
+# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
+[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
 gpus=$(seq -s, 0 $((ngpu - 1)))
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}

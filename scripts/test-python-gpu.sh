@@ -33,6 +33,8 @@ fi
 ngpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     ngpu=$(nvidia-smi -L | grep -c '^GPU')
+    # DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
+    [ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
 fi
 if [ "$ngpu" -eq 0 ] && [ "${SYMMGEN_TEST_BACKEND:-}" != reference ]; then
     note "skipped: no GPU"

@@ -204,6 +204,27 @@ static void fake_machine(const char *dir, int gpus, const char *symmrun_body)
     cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
 }
 
+/* DEVICE_GPUS must name from 1 to the machine's GPUs (a fake machine of 2). */
+Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
+{
+    char dir[] = "/tmp/symm-device-run-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char command[1024], out[4096];
+    fake_machine(dir, 2, "exit 0");
+    const struct {
+        const char *value, *want;
+    } cases[] = {{"3", "DEVICE_GPUS=3 but the machine has 2 GPUs"},
+                 {"0", "DEVICE_GPUS must be a whole number of GPUs from 1, got '0'"},
+                 {"two", "DEVICE_GPUS must be a whole number of GPUs from 1, got 'two'"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(command, sizeof command, "env PATH=%s/path:$PATH DEVICE_GPUS=%s OUT=%s/out scripts/device-run.sh %s/build probe",
+                 dir, cases[c].value, dir, dir);
+        expect_refused(command, cases[c].want, out, sizeof out);
+    }
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    run(command, out, sizeof out);
+}
+
 /* RUN_BUDGET cuts a step's limit to what is left and skips the steps that
  * find too little, so the summary and the logs always come back. On a fake
  * machine (fake_machine) with one GPU, whose symmrun (the probe step's
@@ -242,21 +263,27 @@ Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
     cr_assert_not_null(mkdtemp(dir));
     char command[1024], out[8192];
     const struct {
-        int gpus;
+        int gpus, used; /* the machine's GPUs, those DEVICE_GPUS leaves (0: unset) */
         const char *groups, *want_groups, *manifest;
-    } cases[] = {{2, NULL, "--groups g,a,b", "--manifest out/bench/manifest.json"},
-                 {4, "g", "--groups g ", "--manifest out/bench-w4/manifest.json"}};
+    } cases[] = {{2, 0, NULL, "--groups g,a,b", "--manifest out/bench/manifest.json"},
+                 {4, 0, "g", "--groups g ", "--manifest out/bench-w4/manifest.json"},
+                 {4, 2, NULL, "--groups g,a,b", "--manifest out/bench/manifest.json"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         fake_machine(dir, cases[c].gpus, "echo symmrun \"$*\"");
+        char used[32] = "";
+        if (cases[c].used)
+            snprintf(used, sizeof used, "DEVICE_GPUS=%d", cases[c].used);
         snprintf(command, sizeof command,
                  "d=%s; rm -f $d/out/spans.log && "
-                 "env PATH=$d/path:$PATH OUT=$d/out %s%s scripts/device-run.sh $d/build spans && "
+                 "env PATH=$d/path:$PATH OUT=$d/out %s %s%s scripts/device-run.sh $d/build spans && "
                  "cat $d/out/spans.log",
-                 dir, cases[c].groups ? "PROFILE_GROUPS=" : "", cases[c].groups ? cases[c].groups : "");
+                 dir, used, cases[c].groups ? "PROFILE_GROUPS=" : "", cases[c].groups ? cases[c].groups : "");
         cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
-        char ranks[32];
-        snprintf(ranks, sizeof ranks, "-n %d ", cases[c].gpus);
-        const char *want[] = {"symmrun ", ranks, "bench/moe_bench", "--profile=2", "--no-nccl", cases[c].want_groups,
+        char ranks[32], gpus[32];
+        int n = cases[c].used ? cases[c].used : cases[c].gpus;
+        snprintf(ranks, sizeof ranks, "-n %d ", n);
+        snprintf(gpus, sizeof gpus, "--gpus %s ", n == 2 ? "0,1" : "0,1,2,3");
+        const char *want[] = {"symmrun ",  ranks, gpus, "bench/moe_bench", "--profile=2", "--no-nccl", cases[c].want_groups,
                               cases[c].manifest};
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
             cr_assert(strstr(out, want[i]), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, want[i], out);
