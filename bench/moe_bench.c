@@ -956,6 +956,9 @@ static symm_status guard_run(bench *b, symm_variant *v, const guard *g, const de
     if (g->recv.rows)
         SYMM_CU(cu, cuMemcpyHtoD(db->y, g->y, (size_t)g->recv.rows * crow_bytes(d)));
     SYMM_CU(cu, cuMemsetD8(db->out, POISON, T * crow_bytes(d)));
+    /* The copies from pageable memory may return before their DMA lands, and
+     * b->stream does not wait for the legacy stream: wait here. */
+    SYMM_CU(cu, cuCtxSynchronize());
     symm_dispatch_args a = {
         .tokens = g->tokens,
         .x = (const void *)(uintptr_t)db->x,

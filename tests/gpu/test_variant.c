@@ -326,19 +326,31 @@ static void dev_in_free(dev_in *b)
         CU_OK(cuMemFree(ps[i]));
 }
 
+/* Uploads go on the variant's stream and are waited for: a copy from
+ * pageable memory may return before its DMA has landed, and the variant's
+ * stream does not wait for the legacy stream (CU_STREAM_NON_BLOCKING), so
+ * a kernel (or a peer reading this rank's y in place) could see the bytes
+ * before they arrive. */
+static void upload(const vt *t, CUdeviceptr dst, const void *src, size_t n)
+{
+    if (n)
+        CU_OK(cuMemcpyHtoDAsync(dst, src, n, t->stream));
+}
+
 static void dev_in_upload(const vt *t, const vcase *k, const dev_in *b)
 {
     const symm_variant_desc *d = t->d;
     const int me = t->c.rank;
     const size_t T = (size_t)k->in[me].tokens, K = (size_t)d->topk;
-    CU_OK(cuMemcpyHtoD(b->x, k->x[me], T * x_row(d)));
-    CU_OK(cuMemcpyHtoD(b->topk, k->topk[me], T * K * 4));
+    upload(t, b->x, k->x[me], T * x_row(d));
+    upload(t, b->topk, k->topk[me], T * K * 4);
     if (k->scales[me])
-        CU_OK(cuMemcpyHtoD(b->scales, k->scales[me], T * scales_row(d)));
+        upload(t, b->scales, k->scales[me], T * scales_row(d));
     if (k->weights[me])
-        CU_OK(cuMemcpyHtoD(b->weights, k->weights[me], T * K * 4));
+        upload(t, b->weights, k->weights[me], T * K * 4);
     int32_t t32 = (int32_t)T;
-    CU_OK(cuMemcpyHtoD(b->tokens, &t32, 4));
+    upload(t, b->tokens, &t32, 4);
+    CU_OK(cuStreamSynchronize(t->stream));
 }
 
 static CUdeviceptr y_alloc(const symm_variant_desc *d) { return dalloc((size_t)d->capacity * y_row(d)); }
@@ -347,7 +359,8 @@ static void y_upload(const vt *t, const vcase *k, CUdeviceptr y)
 {
     const int me = t->c.rank;
     if (k->y_rows[me])
-        CU_OK(cuMemcpyHtoD(y, k->y[me], (size_t)k->y_rows[me] * y_row(t->d)));
+        upload(t, y, k->y[me], (size_t)k->y_rows[me] * y_row(t->d));
+    CU_OK(cuStreamSynchronize(t->stream));
 }
 
 /* Poison the outputs (recv buffers of the variant, out) so that stale data
@@ -1381,7 +1394,8 @@ Test(variant, tokens_dev_above_max_tokens_is_clamped_and_reported)
     if (t.c.rank == 0) {
         unsigned long long s = fresh_seed();
         int32_t too_many = d->max_tokens + 1 + (int32_t)(next_random(&s) % 100000);
-        CU_OK(cuMemcpyHtoD(c.b.tokens, &too_many, 4));
+        upload(&t, c.b.tokens, &too_many, 4);
+        CU_OK(cuStreamSynchronize(t.stream));
     }
     gpu_case_poison(&t, &c);
     gpu_case_call(&t, &c, 1, t.c.rank == 0);
