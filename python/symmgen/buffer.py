@@ -13,6 +13,8 @@ the methods that say they synchronise). Under torch.compile they become
 the custom ops of ops.py; with autograd recording they go through the owned
 (functional) ops, whose backward formulas run the variant again."""
 
+import hashlib
+import json
 import os
 from typing import NamedTuple, Optional
 
@@ -159,9 +161,28 @@ class Buffer:
         self._y_shape = (v.capacity, v.hidden)
         self._weighted = v.layout == "expert" and v.weights
         self._collectives_on_host = torch_ref.on_host(self.group, self.device)
-        self._id = Buffer._next_id
-        Buffer._next_id += 1
+        self._id = Buffer._make_id(v, size, backend)
         ops.registry[self._id] = self
+
+    @staticmethod
+    def _make_id(v, size, backend):
+        """The buffer's id, the ops' first argument: the variant's every
+        field, the world and the backend hashed (48 bits) above a count of
+        the buffers made in this process (14 bits). A compiled graph holds
+        the id as a constant, and inductor keeps compiled graphs on disk
+        across processes, keyed by the graph: the shapes the fake kernels
+        gave (the capacity, the hidden size, ...) must follow from the id,
+        or a graph compiled for one spec or world would be taken for
+        another's (seen: world 4's capacity asserted in a world-2 job)."""
+        sig = json.dumps({"variant": v.fields, "world": size, "backend": backend or "native"}, sort_keys=True,
+                         default=str)
+        h = int.from_bytes(hashlib.blake2b(sig.encode(), digest_size=6).digest(), "big")
+        while True:
+            seq = Buffer._next_id & 0x3FFF
+            Buffer._next_id += 1
+            made = (h << 14) | seq
+            if made not in ops.registry:
+                return made
 
     # --- the variant's fields ---------------------------------------------------
     name = property(lambda self: self.variant.name)

@@ -230,11 +230,13 @@ def _combine(v, group, plan, y, topk_weights, exact):
         groups, gid = torch.unique(key, sorted=True, return_inverse=True)
         part = torch.zeros((groups.shape[0], v.hidden), dtype=torch.float32, device=dev)
         w = plan.recv_w if v.weights else torch.ones(meta.shape[0], device=dev)
+        # Every k, empty ones too: a rank without rows must still reach y in
+        # the autograd graph, or its backward skips the collective the
+        # peers' backward waits in.
         for k in range(K):
             sel = (meta[:, 2] == k).nonzero()[:, 0]
-            if sel.numel():
-                g = gid[sel]
-                part = part.index_copy(0, g, fma(w[sel, None].expand(-1, v.hidden), back[sel], part[g]))
+            g = gid[sel]
+            part = part.index_copy(0, g, fma(w[sel, None].expand(-1, v.hidden), back[sel], part[g]))
         part = part.to(cdt)
         g_src = (groups >> 32).tolist()
         send_counts = [g_src.count(p) for p in range(W)]
@@ -256,10 +258,11 @@ def _combine(v, group, plan, y, topk_weights, exact):
             start += n
         return acc.to(cdt)
     # Layout expert in k order: fmaf over the valid k of a token, ascending.
+    # (Every k, empty ones too: a rank without tokens still reaches rows in
+    # the autograd graph, so its backward joins the peers' all_to_all.)
     for k in range(K):
         sel = (plan.send_k == k).nonzero()[:, 0]
-        if sel.numel():
-            t = plan.send_t[sel]
-            w = topk_weights[t, k].float()[:, None] if v.weights else torch.ones((sel.numel(), 1), device=dev)
-            acc = acc.index_copy(0, t, fma(w.expand(-1, v.hidden), rows[sel], acc[t]))
+        t = plan.send_t[sel]
+        w = topk_weights[t, k].float()[:, None] if v.weights else torch.ones((sel.numel(), 1), device=dev)
+        acc = acc.index_copy(0, t, fma(w.expand(-1, v.hidden), rows[sel], acc[t]))
     return acc.to(cdt)

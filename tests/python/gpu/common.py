@@ -112,6 +112,8 @@ def host_bytes(t):
 
 
 def from_bytes(buf, dtype, shape):
+    if not len(buf):  # a rank without tokens (torch.frombuffer refuses an empty buffer)
+        return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(buf), dtype=torch.uint8).view(dtype).view(shape)
 
 
