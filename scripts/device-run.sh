@@ -12,7 +12,7 @@
 #        CUDA MPS (HOSTS_MPS=0: taking turns);
 #        NCCL between ranks that share a GPU over loopback,
 #        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
-#        models, nccl, world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
+#        models, nccl (check --backend nccl at world 2, and 4 on 4 GPUs), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
 #        racecheck at world 4), variant,
 #        auto (combine = "auto": check of the default spec's auto variants at
 #        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
@@ -311,7 +311,10 @@ for s in "$@"; do
             fi
         done ;;
     models) step check-models-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/models/manifest.json --quick --time 20 ;;
-    nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick ;;
+    nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick
+        if [ "$ngpu" -ge 4 ]; then
+            step check-w4-nccl 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick
+        fi ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
     worlds) for w in 2 3 5 8; do
             step check-worlds-w$w 200 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 20
