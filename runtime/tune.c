@@ -35,6 +35,8 @@ static const struct knob {
     {"CHAIN_STREAM", 0, 1}, /* dispatch, layout expert with DEDUP: 1: heads copied into their chains as they land */
     {"CHAIN_WARPS", 0, 8},  /* dispatch, CHAIN_STREAM: warps per block that only copy chains (send no rows) */
     {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid (default 1) */
+    {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first */
+    {"PART_PREFETCH", 0, 1}, /* combine, PUSH_PARTIALS: 1: a push warp asks L2 for a part's rows first */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
@@ -44,7 +46,7 @@ static symm_status bad(symm_tune *out, const char *origin, const char *item, siz
     out->profile = 0;
     out->pdl = true;
     /* "BULK_SLOTS 1..4, PUSH_WARPS 1..16, ...", from the table. */
-    char list[640];
+    char list[768];
     size_t at = 0;
     for (size_t k = 0; k < SYMM_ARRAY_LEN(knobs) && at < sizeof list; k++)
         at += (size_t)snprintf(list + at, sizeof list - at, "%s%s %ld..%ld", k ? ", " : "", knobs[k].name,
