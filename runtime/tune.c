@@ -37,6 +37,7 @@ static const struct knob {
     {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid (default 1) */
     {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first */
     {"PART_PREFETCH", 0, 1}, /* combine, PUSH_PARTIALS: 1: a push warp asks L2 for a part's rows first */
+    {"PUBLISH_LAG", 0, 1},   /* combine: 1: a push warp publishes a batch after issuing the next one's copies */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

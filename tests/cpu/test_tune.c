@@ -37,7 +37,7 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"PART_PREFETCH", 0, 1},
+    {"PART_PREFETCH", 0, 1}, {"PUBLISH_LAG", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
