@@ -398,6 +398,24 @@ Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .
     check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
 }
 
+/* SUM_PREFETCH, PART_PREFETCH and PUBLISH_LAG (default 0): at 0 every
+ * variant compiles to the default's code, and at 1 to other code where
+ * they apply: the prefetch before a token's sums in layout rank, the
+ * ascending-k order and the parts' sums (PUSH_PARTIALS); the prefetch of a
+ * part's rows with PUSH_PARTIALS; the lagged publish where rows are pushed
+ * (layout rank, the ascending-k order). (Where they do not apply the cubin
+ * may change all the same: push_rows and push_partials are compiled into
+ * every combine, called or not.) */
+Test(tune, the_prefetch_and_lag_knobs_keep_the_default_and_change_what_they_apply_to, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_order_k_w2", "SUM_PREFETCH", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "SUM_PREFETCH", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_expert_w2", "PART_PREFETCH", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_rank_w2", "PUBLISH_LAG", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_order_k_w2", "PUBLISH_LAG", 0, NULL, 0, true);
+}
+
 /* PROFILE=2 compiles the spans of every kind of warp without a warning,
  * into code other than PROFILE=1's with the same knobs: layout rank's push
  * warps, sums and dispatch's rows; layout expert's parts formed by the grid
