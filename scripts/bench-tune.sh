@@ -23,6 +23,7 @@
 # Exit status: 0 every tuning ran and passed; 1 otherwise; 0 with a note
 # when there is no GPU.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/gpus.sh"
 build=${SYMM_BUILD_DIR:-build}
 outdir=${BENCH_OUT:-bench/out/tune}
 limit=${BENCH_TIMEOUT:-240}
@@ -73,9 +74,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     note "skipped: no GPU"
     exit 0
 fi
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
-# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
-[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
+ngpu=$(gpu_count)
 if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" ]; then
     note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (found $ngpu GPUs)"
     exit 1

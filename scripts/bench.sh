@@ -37,6 +37,7 @@
 # Exit status: moe_bench's (0 all rows correct, 1 some row FAIL, 2 could not
 # run), or 1 when another step failed.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/gpus.sh"
 build=${SYMM_BUILD_DIR:-build}
 outdir=${BENCH_OUT:-bench/out}
 gen=out/bench
@@ -47,9 +48,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     note "skipped: no GPU (run \`make bench\` on a host with 2 NVLink-connected GPUs)"
     exit 0
 fi
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
-# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
-[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
+ngpu=$(gpu_count)
 world=${BENCH_WORLD:-$((ngpu < 8 ? ngpu : 8))}
 if ! [[ "$world" =~ ^[0-9]+$ ]] || [ "$world" -lt 2 ] || [ "$world" -gt "$ngpu" ]; then
     note "BENCH_WORLD=$world: expected 2..$ngpu ranks, one per GPU (ranks sharing a GPU are time-sliced; found $ngpu GPUs)"

@@ -6,14 +6,13 @@
 # it (time-sliced: the check holds, the timing is not that of NVLink).
 # Without a GPU it says so and exits 0.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/gpus.sh"
 build=${1:-build}
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "self-check: skipped: no GPU"
     exit 0
 fi
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
-# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
-[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
+ngpu=$(gpu_count)
 gpus=0,1
 if [ "$ngpu" -lt 2 ]; then
     gpus=0

@@ -37,6 +37,7 @@
 # declares), e.g. SYMM_TEST_PARTS="matrix hosts tunings" SYMM_TEST_WORLDS=4.
 # usage: SYMM_BUILD_DIR=build scripts/test-gpu.sh TEST_BINARIES...
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/gpus.sh"
 build=${SYMM_BUILD_DIR:-build}
 # The parts and worlds asked for (checked first, GPU or not).
 parts=" ${SYMM_TEST_PARTS:-runtime matrix hosts tunings} "
@@ -54,9 +55,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     echo "test-gpu: skipped: no GPU"
     exit 0
 fi
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
-# DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
-[ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
+ngpu=$(gpu_count)
 gpus=$(seq -s, 0 $((ngpu - 1)))
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}

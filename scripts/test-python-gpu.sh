@@ -14,6 +14,7 @@
 # usage: SYMM_BUILD_DIR=build [PYTHON=python3] [SYMMGEN_TEST_INSTALLED=1] [SYMM_TEST_PY_STACKS=s]
 #        scripts/test-python-gpu.sh [PYTEST_ARGS...]
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/gpus.sh"
 build=$(cd "${SYMM_BUILD_DIR:-build}" 2>/dev/null && pwd || echo "${SYMM_BUILD_DIR:-build}")
 py=${PYTHON:-python3}
 note() { echo "test-python-gpu: $*"; }
@@ -32,9 +33,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
 fi
 ngpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    ngpu=$(nvidia-smi -L | grep -c '^GPU')
-    # DEVICE_GPUS (scripts/device-run.sh): the first N GPUs only
-    [ -n "${DEVICE_GPUS:-}" ] && [ "$DEVICE_GPUS" -lt "$ngpu" ] && ngpu=$DEVICE_GPUS
+    ngpu=$(gpu_count)
 fi
 if [ "$ngpu" -eq 0 ] && [ "${SYMMGEN_TEST_BACKEND:-}" != reference ]; then
     note "skipped: no GPU"

@@ -225,6 +225,23 @@ Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
     run(command, out, sizeof out);
 }
 
+/* scripts/gpus.sh's gpu_count, which every GPU script counts with: the
+ * GPUs nvidia-smi names, or the first DEVICE_GPUS of them (a fake machine
+ * of 4). */
+Test(gpus, gpu_count_is_the_machine_s_gpus_or_device_gpus_of_them)
+{
+    char dir[] = "/tmp/symm-device-run-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char command[1024], out[4096];
+    fake_machine(dir, 4, "exit 0");
+    snprintf(command, sizeof command,
+             "env PATH=%s/path:$PATH bash -c '. scripts/gpus.sh; gpu_count; DEVICE_GPUS=2 gpu_count'", dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, "4\n2\n");
+    snprintf(command, sizeof command, "rm -rf %s", dir);
+    run(command, out, sizeof out);
+}
+
 /* RUN_BUDGET cuts a step's limit to what is left and skips the steps that
  * find too little, so the summary and the logs always come back. On a fake
  * machine (fake_machine) with one GPU, whose symmrun (the probe step's
