@@ -18,6 +18,7 @@ static const struct knob {
     {"PUSH_WARPS", 1, 16}, /* combine: warps per block that push rows before summing */
     {"PUSH_WARPS_SMALL", 0, 16}, /* combine: push warps with at most 2048 received rows (0: PUSH_WARPS) */
     {"PUSH_BATCH", 1, 32}, /* combine: rows a push warp moves per flag fence */
+    {"PART_BATCH", 1, 32}, /* combine, PUSH_PARTIALS: rows a push warp scans for parts per flag fence (PUSH_BATCH) */
     {"SUM_UNROLL", 1, 10},  /* combine: output vectors per lane in flight */
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
     {"PREFETCH", 0, 1},    /* 1: loads issued ahead (topk ids, a warp's first rows, a push batch's rows) */
@@ -35,9 +36,7 @@ static const struct knob {
     {"CHAIN_STREAM", 0, 1}, /* dispatch, layout expert with DEDUP: 1: heads copied into their chains as they land */
     {"CHAIN_WARPS", 0, 8},  /* dispatch, CHAIN_STREAM: warps per block that only copy chains (send no rows) */
     {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid (default 1) */
-    {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first */
-    {"PART_PREFETCH", 0, 1}, /* combine, PUSH_PARTIALS: 1: a push warp asks L2 for a part's rows first */
-    {"PUBLISH_LAG", 0, 1},   /* combine: 1: a push warp publishes a batch after issuing the next one's copies */
+    {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

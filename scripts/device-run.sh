@@ -27,7 +27,8 @@
 #        20; the log also lands in $OUT's spans.log),
 #        sweep (bench-tune rows SWEEP_GROUPS with SWEEP_TUNINGS at the host's
 #        world, SWEEP_ROUNDS rounds, default 1), inline, tune, dedup, proxy, rtbench,
-#        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1),
+#        partials (check and the sanitizers with SYMM_TUNE=PUSH_PARTIALS=1 and
+#        PARTIALS_TUNE, optional, appended: e.g. PART_BATCH=8),
 #        grid (layout expert's parts formed by the whole grid, PARTIAL_GRID,
 #        with this rank's own parts too, GRID_OWN, and several chunks a round
 #        for parts of few rows, GRID_PACK; bench/NOTES.md 58: check --quick at
@@ -154,15 +155,15 @@ for s in "$@"; do
             step "$t-n4" 180 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/$t" --jobs 1
         done ;;
     partials) # layout expert's partial sums pushed whole (default only above max_tokens 512)
-        step check-w2-partials 240 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20
+        step check-w2-partials 240 env SYMM_TUNE=PUSH_PARTIALS=1${PARTIALS_TUNE:+,$PARTIALS_TUNE} $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20
         for knobs in PARTIAL_SLOTS=2 PARTIAL_SLOTS=3 PARTIAL_LANES=0 PARTIAL_LANES=0,PARTIAL_SLOTS=2; do
-            step "check-w2-partials-$knobs" 240 env SYMM_TUNE=PUSH_PARTIALS=1,$knobs $run -n 2 --gpus "$gpus" -- \
+            step "check-w2-partials-$knobs" 240 env SYMM_TUNE=PUSH_PARTIALS=1,$knobs${PARTIALS_TUNE:+,$PARTIALS_TUNE} $run -n 2 --gpus "$gpus" -- \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2
         done
-        step sanitizer-memcheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
+        step sanitizer-memcheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1${PARTIALS_TUNE:+,$PARTIALS_TUNE} $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2
-        step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
+        step sanitizer-racecheck-partials 300 env SYMM_TUNE=PUSH_PARTIALS=1${PARTIALS_TUNE:+,$PARTIALS_TUNE} $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool racecheck --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
             --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 ;;
     grid) # layout expert's parts formed by the whole grid (PARTIAL_GRID, default at max_tokens <= 512; GRID_OWN: own
@@ -381,7 +382,7 @@ for s in "$@"; do
             SPEC="${TEST_GPU_SPEC:-specs/default.lua}" scripts/test-gpu.sh \
             "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \
             "$build/tests-gpu/test_variant" ;;
-    bench) step bench "${BENCH_STEP_LIMIT:-420}" env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
+    bench) step bench "${BENCH_STEP_LIMIT:-570}" env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
     profile) # phase times of rows PROFILE_GROUPS (a,b) at the host's world, a rank per GPU
         pm=out/bench/manifest.json
         if [ "$ngpu" -ne 2 ]; then

@@ -32,12 +32,12 @@ static const struct {
     const char *name;
     int min, max;
 } knobs[] = {
-    {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
+    {"BULK_SLOTS", 1, 4}, {"PUSH_WARPS", 1, 16}, {"PUSH_WARPS_SMALL", 0, 16}, {"PUSH_BATCH", 1, 32},
+    {"PART_BATCH", 1, 32}, {"SUM_UNROLL", 1, 10}, {"SUM_GATHER", 1, 16},
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 2}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"PART_PREFETCH", 0, 1}, {"PUBLISH_LAG", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -398,22 +398,51 @@ Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .
     check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
 }
 
-/* SUM_PREFETCH, PART_PREFETCH and PUBLISH_LAG (default 0): at 0 every
- * variant compiles to the default's code, and at 1 to other code where
- * they apply: the prefetch before a token's sums in layout rank, the
- * ascending-k order and the parts' sums (PUSH_PARTIALS); the prefetch of a
- * part's rows with PUSH_PARTIALS; the lagged publish where rows are pushed
- * (layout rank, the ascending-k order). (Where they do not apply the cubin
- * may change all the same: push_rows and push_partials are compiled into
- * every combine, called or not.) */
-Test(tune, the_prefetch_and_lag_knobs_keep_the_default_and_change_what_they_apply_to, .init = gen_setup, .fini = gen_teardown)
+/* SUM_PREFETCH (default 1): at 1 every variant compiles to the default's
+ * code, and at 0 to other code where it applies: the prefetch before a
+ * token's sums in layout rank, the ascending-k order and the parts' sums
+ * (PUSH_PARTIALS). */
+Test(tune, the_sum_prefetch_knob_keeps_the_default_and_changes_what_it_applies_to, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_order_k_w2", "SUM_PREFETCH", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "SUM_PREFETCH", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_expert_w2", "PART_PREFETCH", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_rank_w2", "PUBLISH_LAG", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_order_k_w2", "PUBLISH_LAG", 0, NULL, 0, true);
+    check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_order_k_w2", "SUM_PREFETCH", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "SUM_PREFETCH", 1, "PUSH_PARTIALS", 1, true);
+}
+
+/* PART_BATCH (PUSH_BATCH unless set): with PUSH_PARTIALS, PART_BATCH at
+ * PUSH_BATCH's value compiles to the default's code and 8 to other code,
+ * both without a warning; with PUSH_BATCH=8 the default is 8 too. */
+Test(tune, part_batch_follows_push_batch_unless_set, .init = gen_setup, .fini = gen_teardown)
+{
+    const char *name = "bf16_expert_w2";
+    char *src = read_variant(name);
+    const int part = knob_index("PART_BATCH"), push = knob_index("PUSH_BATCH");
+    int value[N_KNOBS];
+    for (int k = 0; k < N_KNOBS; k++)
+        value[k] = NOT_GIVEN;
+    value[knob_index("PUSH_PARTIALS")] = 1;
+    symm_jit_result base, same, changed, both;
+    cr_assert_eq(compile_tuned(name, src, value, &base), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[part] = 4;
+    cr_assert_eq(compile_tuned(name, src, value, &same), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[part] = 8;
+    cr_assert_eq(compile_tuned(name, src, value, &changed), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[part] = NOT_GIVEN;
+    value[push] = 8;
+    symm_jit_result push8;
+    cr_assert_eq(compile_tuned(name, src, value, &push8), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[part] = 8;
+    cr_assert_eq(compile_tuned(name, src, value, &both), SYMM_OK, "%s: %s", name, symm_last_error());
+    cr_assert_str_eq(changed.log, "", "%s, PART_BATCH=8: NVRTC warns: %s", name, changed.log);
+    cr_assert(same_cubin(&same, &base), "%s: PART_BATCH=4 is not the default's code", name);
+    cr_assert(!same_cubin(&changed, &base), "%s: PART_BATCH=8 gives the default's code", name);
+    cr_assert(same_cubin(&both, &push8), "%s: PUSH_BATCH=8 does not set PART_BATCH to 8", name);
+    symm_jit_result_free(&base);
+    symm_jit_result_free(&same);
+    symm_jit_result_free(&changed);
+    symm_jit_result_free(&push8);
+    symm_jit_result_free(&both);
+    free(src);
 }
 
 /* PROFILE=2 compiles the spans of every kind of warp without a warning,
