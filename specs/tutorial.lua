@@ -65,10 +65,11 @@
 --                          output is the sum of those parts in ascending
 --                          rank, in fp32, rounded once. Only one row per
 --                          (token, rank) crosses NVLink back, as in layout
---                          "rank" (at prefill, 1.7x faster than "k" on two
---                          H200s, bench/NOTES.md 50; at decode, where the
---                          whole grid forms the parts, 1.3x on two H100s,
---                          NOTES.md 58).
+--                          "rank" (at prefill, 1.8x faster than "k": 516
+--                          against 947 us at T = 4096, hidden 7168, top-8
+--                          of 256 on two H200s, bench/NOTES.md 75; at
+--                          decode, where the whole grid forms the parts,
+--                          1.4x: 30 against 44 us, T = 128).
 --                   "k"    the sum of w * y over the token's experts in
 --                          ascending k, in fp32, rounded once: no
 --                          intermediate rounding, but every (token, expert)
