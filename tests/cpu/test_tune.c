@@ -5,6 +5,7 @@
  * Knobs out of range that bypass the parser stop at the template's
  * static_asserts. */
 #include <criterion/criterion.h>
+#include <elf.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1}, {"SUM_AHEAD", 0, 4},
+    {"SUM_BULK", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -302,6 +304,63 @@ static bool same_cubin(const symm_jit_result *x, const symm_jit_result *y)
     return x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size);
 }
 
+/* A cubin's code sections (".text..."): at most 64, each as its name and
+ * bytes; false when the ELF is not one this reads. */
+typedef struct {
+    int count;
+    const char *name[64];
+    const unsigned char *bytes[64];
+    size_t size[64];
+} code_sections;
+
+static bool read_code(const symm_jit_result *r, code_sections *out)
+{
+    const unsigned char *c = (const unsigned char *)r->cubin;
+    const size_t n = r->cubin_size;
+    out->count = 0;
+    if (n < sizeof(Elf64_Ehdr) || memcmp(c, ELFMAG, SELFMAG) != 0 || c[EI_CLASS] != ELFCLASS64)
+        return false;
+    Elf64_Ehdr eh;
+    memcpy(&eh, c, sizeof eh);
+    if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shoff > n || eh.e_shnum > (n - eh.e_shoff) / sizeof(Elf64_Shdr) ||
+        eh.e_shstrndx >= eh.e_shnum)
+        return false;
+    Elf64_Shdr names;
+    memcpy(&names, c + eh.e_shoff + eh.e_shstrndx * sizeof(Elf64_Shdr), sizeof names);
+    if (names.sh_offset > n || names.sh_size > n - names.sh_offset)
+        return false;
+    for (int i = 0; i < eh.e_shnum; i++) {
+        Elf64_Shdr sh;
+        memcpy(&sh, c + eh.e_shoff + (size_t)i * sizeof(Elf64_Shdr), sizeof sh);
+        if (sh.sh_name >= names.sh_size || !memchr(c + names.sh_offset + sh.sh_name, 0, names.sh_size - sh.sh_name))
+            return false;
+        const char *name = (const char *)c + names.sh_offset + sh.sh_name;
+        if (strncmp(name, ".text", 5) != 0)
+            continue;
+        if (out->count == 64 || sh.sh_offset > n || sh.sh_size > n - sh.sh_offset)
+            return false;
+        out->name[out->count] = name;
+        out->bytes[out->count] = c + sh.sh_offset;
+        out->size[out->count++] = sh.sh_size;
+    }
+    return out->count > 0;
+}
+
+/* The same code: the same code sections, byte for byte (the initialised
+ * globals may be laid out anew when a constant that no code uses changes:
+ * "no change" asks only for the code). */
+static bool same_code(const symm_jit_result *x, const symm_jit_result *y)
+{
+    code_sections a, b;
+    cr_assert(read_code(x, &a) && read_code(y, &b), "a cubin without readable code sections");
+    if (a.count != b.count)
+        return false;
+    for (int i = 0; i < a.count; i++)
+        if (strcmp(a.name[i], b.name[i]) != 0 || a.size[i] != b.size[i] || memcmp(a.bytes[i], b.bytes[i], a.size[i]))
+            return false;
+    return true;
+}
+
 static int knob_index(const char *name)
 {
     for (int k = 0; k < N_KNOBS; k++)
@@ -337,7 +396,7 @@ static void check_knob_case(const char *name, const char *knob, int default_valu
     cr_assert_str_eq(same.log, "", "%s, %s=%d: NVRTC warns: %s", name, knob, default_value, same.log);
     cr_assert_str_eq(changed.log, "", "%s, %s=%d: NVRTC warns: %s", name, knob, other, changed.log);
     cr_assert(same_cubin(&same, &base), "%s%s: %s=%d is not the default's code", name, with, knob, default_value);
-    cr_assert_eq(!same_cubin(&changed, &base), applies, "%s%s: %s=%d %s the default's code", name, with, knob, other,
+    cr_assert_eq(!same_code(&changed, &base), applies, "%s%s: %s=%d %s the default's code", name, with, knob, other,
                  applies ? "gives" : "changes");
     symm_jit_result_free(&base);
     symm_jit_result_free(&same);
@@ -412,14 +471,25 @@ Test(tune, the_sum_prefetch_knob_keeps_the_default_and_changes_what_it_applies_t
 /* SUM_AHEAD (default 0): at 0 every variant compiles to the default's
  * code, and at 1 to other code where the sums take units from the counter
  * and read y here: layout rank, the ascending-k order, the parts' sums
- * (PUSH_PARTIALS). (The pulling combine and PARTIAL_GRID keep their code,
- * but their cubins' initialised constants are laid out anew, so "no
- * change" is not asserted there.) */
+ * (PUSH_PARTIALS); the pulling combine's and PARTIAL_GRID's code stays. */
 Test(tune, sum_ahead_keeps_the_default_and_changes_what_it_applies_to, .init = gen_setup, .fini = gen_teardown)
 {
     check_knob_case("bf16_rank_w2", "SUM_AHEAD", 0, NULL, 0, true);
     check_knob_case("bf16_expert_order_k_w2", "SUM_AHEAD", 0, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "SUM_AHEAD", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_expert_w2", "SUM_AHEAD", 0, "PARTIAL_GRID", 1, false);
+    check_knob_case("fp16_expert_a8_pull_w2", "SUM_AHEAD", 0, NULL, 0, false);
+}
+
+/* SUM_BULK (default 0): at 0 the default's code; at 1 other code where
+ * the push warps form parts (layout expert by rank with PUSH_PARTIALS),
+ * and layout rank's and the ascending-k order's code unchanged. */
+Test(tune, sum_bulk_keeps_the_default_and_changes_only_the_parts_combine, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_w2", "SUM_BULK", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("fp8_expert_a128_w2", "SUM_BULK", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_rank_w2", "SUM_BULK", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "SUM_BULK", 0, NULL, 0, false);
 }
 
 /* PART_BATCH (PUSH_BATCH unless set): with PUSH_PARTIALS, PART_BATCH at
