@@ -100,7 +100,8 @@ build=$1; shift
 case ${RUN_BUDGET:-} in
 '' | *[!0-9]*) [ -z "${RUN_BUDGET:-}" ] || { echo "device-run: RUN_BUDGET must be whole seconds, got '$RUN_BUDGET'"; exit 2; } ;;
 esac
-ngpu=$(nvidia-smi -L | grep -c '^GPU')
+. "$(dirname "${BASH_SOURCE[0]}")/gpus.sh"
+ngpu=$(machine_gpus)
 case ${DEVICE_GPUS:-} in
 '') ;;
 *[!0-9]* | 0) echo "device-run: DEVICE_GPUS must be a whole number of GPUs from 1, got '$DEVICE_GPUS'"; exit 2 ;;

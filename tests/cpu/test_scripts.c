@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "symm_jit.h"
+#include "world_fork.h"
 
 #include "../../bench/link_probe_kernels.h"
 
@@ -207,8 +208,9 @@ static void fake_machine(const char *dir, int gpus, const char *symmrun_body)
 /* DEVICE_GPUS must name from 1 to the machine's GPUs (a fake machine of 2). */
 Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
 {
-    char dir[] = "/tmp/symm-device-run-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
     char command[1024], out[4096];
     fake_machine(dir, 2, "exit 0");
     const struct {
@@ -221,8 +223,7 @@ Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
                  dir, cases[c].value, dir, dir);
         expect_refused(command, cases[c].want, out, sizeof out);
     }
-    snprintf(command, sizeof command, "rm -rf %s", dir);
-    run(command, out, sizeof out);
+    wf_rmtree(dir);
 }
 
 /* scripts/gpus.sh's gpu_count, which every GPU script counts with: the
@@ -230,16 +231,16 @@ Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
  * of 4). */
 Test(gpus, gpu_count_is_the_machine_s_gpus_or_device_gpus_of_them)
 {
-    char dir[] = "/tmp/symm-device-run-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
     char command[1024], out[4096];
     fake_machine(dir, 4, "exit 0");
     snprintf(command, sizeof command,
              "env PATH=%s/path:$PATH bash -c '. scripts/gpus.sh; gpu_count; DEVICE_GPUS=2 gpu_count'", dir);
     cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
     cr_assert_str_eq(out, "4\n2\n");
-    snprintf(command, sizeof command, "rm -rf %s", dir);
-    run(command, out, sizeof out);
+    wf_rmtree(dir);
 }
 
 /* RUN_BUDGET cuts a step's limit to what is left and skips the steps that
@@ -248,8 +249,9 @@ Test(gpus, gpu_count_is_the_machine_s_gpus_or_device_gpus_of_them)
  * launcher) would sleep for a minute. */
 Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_back)
 {
-    char dir[] = "/tmp/symm-device-run-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
     char command[1024], out[8192];
     fake_machine(dir, 1, "sleep 60");
     snprintf(command, sizeof command,
@@ -266,8 +268,7 @@ Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_bac
     snprintf(command, sizeof command, "test -s %s/out/summary.log && tar -tzf %s/out/logs.tgz", dir, dir);
     cr_assert_eq(run(command, out, sizeof out), 0, "summary.log and logs.tgz under OUT: %s", out);
     cr_assert(strstr(out, "link_probe.log"), "%s", out);
-    snprintf(command, sizeof command, "rm -rf %s", dir);
-    run(command, out, sizeof out);
+    wf_rmtree(dir);
 }
 
 /* The spans step: moe_bench --profile=2 --no-nccl on rows PROFILE_GROUPS
@@ -276,8 +277,9 @@ Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_bac
  * symmrun prints what it was given. */
 Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
 {
-    char dir[] = "/tmp/symm-device-run-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
     char command[1024], out[8192];
     const struct {
         int gpus, used; /* the machine's GPUs, those DEVICE_GPUS leaves (0: unset) */
@@ -305,8 +307,7 @@ Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
             cr_assert(strstr(out, want[i]), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, want[i], out);
     }
-    snprintf(command, sizeof command, "rm -rf %s", dir);
-    run(command, out, sizeof out);
+    wf_rmtree(dir);
 }
 
 Test(link_probe, its_kernels_compile_for_sm_90a_without_a_warning)
