@@ -492,10 +492,11 @@ Test(tune, sum_bulk_keeps_the_default_and_changes_only_the_parts_combine, .init 
     check_knob_case("bf16_expert_order_k_w2", "SUM_BULK", 0, NULL, 0, false);
 }
 
-/* PART_BATCH (PUSH_BATCH unless set): with PUSH_PARTIALS, PART_BATCH at
- * PUSH_BATCH's value compiles to the default's code and 8 to other code,
- * both without a warning; with PUSH_BATCH=8 the default is 8 too. */
-Test(tune, part_batch_follows_push_batch_unless_set, .init = gen_setup, .fini = gen_teardown)
+/* PART_BATCH (8 unless set, whatever PUSH_BATCH is): with PUSH_PARTIALS,
+ * PART_BATCH=8 compiles to the default's code and 4 to other code, both
+ * without a warning; PUSH_BATCH=8 leaves the parts' batch at 8 (its code
+ * is the same as PUSH_BATCH=8 with PART_BATCH=8 given). */
+Test(tune, part_batch_default_is_8, .init = gen_setup, .fini = gen_teardown)
 {
     const char *name = "bf16_expert_w2";
     char *src = read_variant(name);
@@ -504,22 +505,21 @@ Test(tune, part_batch_follows_push_batch_unless_set, .init = gen_setup, .fini = 
     for (int k = 0; k < N_KNOBS; k++)
         value[k] = NOT_GIVEN;
     value[knob_index("PUSH_PARTIALS")] = 1;
-    symm_jit_result base, same, changed, both;
+    symm_jit_result base, same, changed, push8, both;
     cr_assert_eq(compile_tuned(name, src, value, &base), SYMM_OK, "%s: %s", name, symm_last_error());
-    value[part] = 4;
-    cr_assert_eq(compile_tuned(name, src, value, &same), SYMM_OK, "%s: %s", name, symm_last_error());
     value[part] = 8;
+    cr_assert_eq(compile_tuned(name, src, value, &same), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[part] = 4;
     cr_assert_eq(compile_tuned(name, src, value, &changed), SYMM_OK, "%s: %s", name, symm_last_error());
     value[part] = NOT_GIVEN;
     value[push] = 8;
-    symm_jit_result push8;
     cr_assert_eq(compile_tuned(name, src, value, &push8), SYMM_OK, "%s: %s", name, symm_last_error());
     value[part] = 8;
     cr_assert_eq(compile_tuned(name, src, value, &both), SYMM_OK, "%s: %s", name, symm_last_error());
-    cr_assert_str_eq(changed.log, "", "%s, PART_BATCH=8: NVRTC warns: %s", name, changed.log);
-    cr_assert(same_cubin(&same, &base), "%s: PART_BATCH=4 is not the default's code", name);
-    cr_assert(!same_code(&changed, &base), "%s: PART_BATCH=8 gives the default's code", name);
-    cr_assert(same_cubin(&both, &push8), "%s: PUSH_BATCH=8 does not set PART_BATCH to 8", name);
+    cr_assert_str_eq(changed.log, "", "%s, PART_BATCH=4: NVRTC warns: %s", name, changed.log);
+    cr_assert(same_cubin(&same, &base), "%s: PART_BATCH=8 is not the default's code", name);
+    cr_assert(!same_code(&changed, &base), "%s: PART_BATCH=4 gives the default's code", name);
+    cr_assert(same_cubin(&both, &push8), "%s: PUSH_BATCH=8 changes the parts' batch from 8", name);
     symm_jit_result_free(&base);
     symm_jit_result_free(&same);
     symm_jit_result_free(&changed);
