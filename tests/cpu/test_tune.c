@@ -38,7 +38,7 @@ static const struct {
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 2}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
-    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1}, {"SUM_AHEAD", 0, 4},
+    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"SUM_BULK", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
@@ -466,19 +466,6 @@ Test(tune, the_sum_prefetch_knob_keeps_the_default_and_changes_what_it_applies_t
     check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 1, NULL, 0, true);
     check_knob_case("bf16_expert_order_k_w2", "SUM_PREFETCH", 1, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "SUM_PREFETCH", 1, "PUSH_PARTIALS", 1, true);
-}
-
-/* SUM_AHEAD (default 0): at 0 every variant compiles to the default's
- * code, and at 1 to other code where the sums take units from the counter
- * and read y here: layout rank, the ascending-k order, the parts' sums
- * (PUSH_PARTIALS); the pulling combine's and PARTIAL_GRID's code stays. */
-Test(tune, sum_ahead_keeps_the_default_and_changes_what_it_applies_to, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_rank_w2", "SUM_AHEAD", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_order_k_w2", "SUM_AHEAD", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "SUM_AHEAD", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_expert_w2", "SUM_AHEAD", 0, "PARTIAL_GRID", 1, false);
-    check_knob_case("fp16_expert_a8_pull_w2", "SUM_AHEAD", 0, NULL, 0, false);
 }
 
 /* SUM_BULK (default 0): at 0 the default's code; at 1 other code where
