@@ -133,6 +133,13 @@ step() { # name limit_s command...
     local rc=$?
     summary+=("$(printf '%-28s rc=%-3d %4ds  %s' "$name" "$rc" $((SECONDS - t0)) "$(grep -aE 'passed|Synthesis|FAIL|torch_moe:|overhead of' "$out/$name.log" | tail -n 1 | cut -c1-110)")")
 }
+# A step's table (a sweep's tune.md): copied to $final and printed after the
+# summary, so that it reaches the caller's output even where $final's files
+# do not all come back (a device call returns at most 8 files).
+tables=()
+table() { # from to
+    cp "$1" "$2" && tables+=("$2")
+}
 # memcheck and racecheck of three of the default spec's layout-expert variants
 # at world 2 with SYMM_TUNE=$2: steps sanitizer-TOOL-$1.
 expert_sanitizers() { # name tune
@@ -194,7 +201,7 @@ for s in "$@"; do
         # shellcheck disable=SC2086 # the list splits on spaces
         step grid-time 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/grid" scripts/bench-tune.sh --groups "${GRID_GROUPS:-g}" \
             ${GRID_TUNINGS:-default GRID_OWN=0 GRID_PACK=0 GRID_OWN=0,GRID_PACK=0 PUSH_PARTIALS=0,PARTIAL_GRID=1}
-          [ -f "$out/grid/tune.md" ] && cp "$out/grid/tune.md" "$final/grid.md" ;;
+          [ -f "$out/grid/tune.md" ] && table "$out/grid/tune.md" "$final/grid.md" ;;
     chains-check) # layout expert's chains copied as the heads land (CHAIN_STREAM, bench/NOTES.md 57)
         expert=(--variant bf16_expert_w2 --variant bf16_expert_order_k_w2 --variant fp8_expert_a128_w2
                 --variant fp16_expert_a8_cap_w2 --variant fp16_expert_a8_pull_w2)
@@ -220,7 +227,7 @@ for s in "$@"; do
     chains) # rows g: the default (chain copies as the heads land above max_tokens 512) against each way forced
         step chains 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains" scripts/bench-tune.sh --groups g \
             default CHAIN_STREAM=0 CHAIN_STREAM=1
-          [ -f "$out/chains/tune.md" ] && cp "$out/chains/tune.md" "$final/chains.md" ;;
+          [ -f "$out/chains/tune.md" ] && table "$out/chains/tune.md" "$final/chains.md" ;;
     chains-profile) # rows g's phases: with the knob on, "stored" is the last row sent and "rows out" the last copy
         for knobs in default CHAIN_STREAM=0; do
             tune=$knobs; [ "$knobs" = default ] && tune=
@@ -273,7 +280,7 @@ for s in "$@"; do
     chains-warps) # rows g: warps a block that only copy chains (default 4)
         step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \
             CHAIN_WARPS=2 CHAIN_WARPS=8
-          [ -f "$out/chains-warps/tune.md" ] && cp "$out/chains-warps/tune.md" "$final/chains-warps.md" ;;
+          [ -f "$out/chains-warps/tune.md" ] && table "$out/chains-warps/tune.md" "$final/chains-warps.md" ;;
     check-quick) step check-w2-quick 240 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --time 20 ;;
     check) step check-w2 400 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --time 20 ;;
     companions) # the default spec's companions of one rank (spec field hosts: two one-GPU hosts)
@@ -405,24 +412,24 @@ for s in "$@"; do
     sweep) # rows SWEEP_GROUPS (a,b,f) with the tunings SWEEP_TUNINGS at the host's world (SWEEP_WORLD), SWEEP_ROUNDS rounds
         step sweep 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/sweep" BENCH_WORLD="${SWEEP_WORLD:-$ngpu}" \
             scripts/bench-tune.sh --groups "${SWEEP_GROUPS:-a,b,f}" --rounds "${SWEEP_ROUNDS:-1}" ${SWEEP_TUNINGS:-default}
-          [ -f "$out/sweep/tune.md" ] && cp "$out/sweep/tune.md" "$final/sweep.md" ;;
+          [ -f "$out/sweep/tune.md" ] && table "$out/sweep/tune.md" "$final/sweep.md" ;;
     inline) step inline 200 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest out/bench/manifest.json --groups a,b,f --no-nccl --inline-events ;;
     tune) step tune 540 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/tune" scripts/bench-tune.sh --groups a,b,f \
             default PREFETCH=0 LOCAL_VEC=1 PUSH_WARPS_SMALL=0 SUM_UNROLL=8 PUSH_BATCH=2 \
             LOCAL_VEC=1,PUSH_WARPS_SMALL=3 LOCAL_VEC=1,BULK_SLOTS=1 BULK_SLOTS=1 PDL=0
-          [ -f "$out/tune/tune.md" ] && cp "$out/tune/tune.md" "$final/tune.md" ;;
+          [ -f "$out/tune/tune.md" ] && table "$out/tune/tune.md" "$final/tune.md" ;;
     dedup) step dedup 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/dedup" scripts/bench-tune.sh --groups g default DEDUP=0 \
             PUSH_WARPS=4,PUSH_WARPS_SMALL=3 BULK_SLOTS=2
-          [ -f "$out/dedup/tune.md" ] && cp "$out/dedup/tune.md" "$final/dedup.md" ;;
+          [ -f "$out/dedup/tune.md" ] && table "$out/dedup/tune.md" "$final/dedup.md" ;;
     slots) # layout expert's partial sums: staging slots (bench/NOTES.md 52), rows g at world 2
         step slots 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/slots" scripts/bench-tune.sh --groups "${SLOTS_GROUPS:-g}" \
             ${SLOTS_TUNINGS:-default PARTIAL_SLOTS=2 PARTIAL_SLOTS=3 PARTIAL_LANES=0}
-          [ -f "$out/slots/tune.md" ] && cp "$out/slots/tune.md" "$final/slots.md" ;;
+          [ -f "$out/slots/tune.md" ] && table "$out/slots/tune.md" "$final/slots.md" ;;
     interleave) # layout rank's pushes round the peers (bench/NOTES.md 53), rows a, b at the host's world
         step interleave 400 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/interleave" BENCH_WORLD="$ngpu" scripts/bench-tune.sh --groups a,b,f \
             default PUSH_INTERLEAVE=0
-          [ -f "$out/interleave/tune.md" ] && cp "$out/interleave/tune.md" "$final/interleave.md" ;;
+          [ -f "$out/interleave/tune.md" ] && table "$out/interleave/tune.md" "$final/interleave.md" ;;
     proxy)
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -470,4 +477,8 @@ for s in "$@"; do
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
 cp "$out/summary.log" "$final/summary.log"
+for t in "${tables[@]}"; do
+    printf '\n%s:\n' "${t##*/}"
+    cat "$t"
+done
 tar -C "$out" -czf "$final/logs.tgz" . && rm -rf "$out"
