@@ -10,7 +10,8 @@
 # locally (bench/NOTES.md 42).
 #
 # Results go to bench/out/ (or $BENCH_OUT), three files so that a lent
-# device machine (at most 8 files come back from $OUT) brings them all back:
+# device machine (at most 8 files come back from $OUT) brings them all back
+# (a fourth, stalls.txt, where the stall watchdog fired: BENCH_STALL_S):
 #   bench.log         the machine, the JIT measurement and moe_bench's output
 #   moe_bench.csv     one line per row (columns: bench/RESULTS.md)
 #   results-entry.md  the tables with the date, the machine and the commit,
@@ -33,6 +34,13 @@
 #   BENCH_RESULTS   file the entry is appended to (default bench/RESULTS.md, or none
 #                   when $OUT is set); "none": append nowhere
 #   SYMM_CACHE_DIR  JIT cache of moe_bench (default $SYMM_BUILD_DIR/jit-cache)
+#   BENCH_STALL_S   the stall watchdog (default 120; 0: off): while moe_bench runs,
+#                   when bench.log has not grown for this many seconds, the host
+#                   thread stacks of every moe_bench rank (gdb, else
+#                   /usr/local/cuda/bin/cuda-gdb: `thread apply all bt`, each under
+#                   a timeout) and nvidia-smi's output go to stalls.txt beside
+#                   bench.log (and to $OUT at once), once per stall; it only
+#                   reads the log's size every few seconds otherwise
 # Without a GPU it says "skipped: no GPU" and exits 0, like `make test-gpu`.
 # Exit status: moe_bench's (0 all rows correct, 1 some row FAIL, 2 could not
 # run), or 1 when another step failed.
@@ -123,11 +131,82 @@ if [ -f "$gen/bench_dsv3_prefill_pull.cu" ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || jit_rc=1
 fi
 
+# The stall watchdog (BENCH_STALL_S): a hang leaves its stacks behind.
+stall_s=${BENCH_STALL_S:-120}
+if ! [[ "$stall_s" =~ ^[0-9]+$ ]]; then
+    note "BENCH_STALL_S=$stall_s: expected whole seconds (0: no watchdog)"
+    exit 1
+fi
+stalls=$outdir/stalls.txt
+rm -f "$stalls"
+# The moe_bench processes below process $1 (the ranks symmrun started).
+moe_bench_pids() {
+    ps -e -o pid=,ppid=,comm= 2>/dev/null | awk -v root="$1" '
+        { parent[$1] = $2; name[$1] = $3 }
+        END { for (p in name) if (name[p] == "moe_bench") {
+                  q = p; while (q in parent && q != root && q > 1) q = parent[q]
+                  if (q == root) print p } }' | sort -n
+}
+dump_stall() { # $1: seconds without output
+    local debugger="" pid rank
+    if command -v gdb >/dev/null 2>&1; then
+        debugger=gdb
+    elif [ -x /usr/local/cuda/bin/cuda-gdb ]; then
+        debugger=/usr/local/cuda/bin/cuda-gdb
+    fi
+    {
+        echo "=== $(date -u '+%Y-%m-%d %H:%M:%S UTC'): bench.log has not grown for $1 s; its last lines:"
+        tail -n 5 "$log"
+        for pid in $(moe_bench_pids "$$"); do
+            rank=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | sed -n 's/^SYMM_RANK=//p')
+            echo "--- moe_bench pid $pid, rank ${rank:-?}: host thread stacks"
+            if [ -n "$debugger" ]; then
+                timeout -k 5 60 "$debugger" -p "$pid" -batch -ex "thread apply all bt" < /dev/null 2>&1
+            else
+                echo "(no gdb and no /usr/local/cuda/bin/cuda-gdb here; each thread's kernel wait channel:)"
+                for t in /proc/"$pid"/task/*; do echo "${t##*/} $(cat "$t/comm" 2>/dev/null) $(cat "$t/wchan" 2>/dev/null)"; done
+            fi
+        done
+        echo "--- nvidia-smi"
+        timeout -k 5 30 nvidia-smi 2>&1
+        echo
+    } >> "$stalls"
+    note "no output for $1 s: the ranks' stacks are in $stalls" | tee -a "$log"
+    if [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]; then
+        cp "$stalls" "$log" "$OUT"/ 2>/dev/null
+    fi
+}
+# Polls the log's size (every 5 s, every second for a watchdog under 10 s);
+# one dump per stall: the log must grow again before the next.
+watch_stalls() {
+    local nap=5 size last=-1 since=$SECONDS dumped=0
+    [ "$stall_s" -lt 10 ] && nap=1
+    while kill -0 "$$" 2>/dev/null; do
+        sleep "$nap"
+        size=$(stat -c %s "$log" 2>/dev/null || echo 0)
+        if [ "$size" != "$last" ]; then
+            last=$size since=$SECONDS dumped=0
+        elif [ "$dumped" -eq 0 ] && [ $((SECONDS - since)) -ge "$stall_s" ]; then
+            dump_stall $((SECONDS - since))
+            last=$(stat -c %s "$log" 2>/dev/null || echo 0) dumped=1
+        fi
+    done
+}
+
 gpus=${BENCH_GPUS:-$(seq -s, 0 $((world - 1)))}
 note "moe_bench at world $world on GPUs $gpus (at most $limit s)" | tee -a "$log"
+watchdog=
+if [ "$stall_s" -gt 0 ]; then
+    watch_stalls &
+    watchdog=$!
+fi
 timeout -k 10 "$limit" "$build/bin/symmrun" -n "$world" --gpus "$gpus" -- "$build/bench/moe_bench" \
     --manifest "$gen/manifest.json" --csv "$csv" --markdown "$tables" "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
+if [ -n "$watchdog" ]; then
+    kill "$watchdog" 2>/dev/null
+    wait "$watchdog" 2>/dev/null
+fi
 [ "$rc" -eq 124 ] && note "moe_bench ran out of time (BENCH_TIMEOUT=$limit s)" | tee -a "$log"
 
 # What an SM moves by each path, on the same GPUs (a few seconds); with
@@ -187,7 +266,8 @@ if [ "$results" != none ]; then
 fi
 if [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]; then
     cp "$log" "$csv" "$entry" "$OUT"/ 2>/dev/null
-    note "bench.log, moe_bench.csv and results-entry.md copied to \$OUT"
+    [ -f "$stalls" ] && cp "$stalls" "$OUT"/
+    note "bench.log, moe_bench.csv and results-entry.md$([ -f "$stalls" ] && echo ', stalls.txt') copied to \$OUT"
 fi
 [ -n "${OUT:-}" ] && note "append results-entry.md to bench/RESULTS.md where you commit"
 note "results in $outdir (moe_bench exit status $rc)"

@@ -324,3 +324,62 @@ Test(link_probe, its_kernels_compile_for_sm_90a_without_a_warning)
                   "link_probe's kernels: no %s in the cubin", kernels[i]);
     symm_jit_result_free(&res);
 }
+
+/* scripts/bench.sh's stall watchdog (BENCH_STALL_S): on a fake machine of 2
+ * GPUs whose symmrun starts two fake moe_bench ranks that print a line, stop
+ * printing for 5 s and print again, and a fake gdb on PATH, a watchdog of
+ * 2 s writes each rank's stacks (gdb -p PID -batch -ex "thread apply all
+ * bt") and nvidia-smi's output to stalls.txt once for that stall, and
+ * copies it to $OUT; the ranks' output is in bench.log as without it, and
+ * with BENCH_STALL_S=0 (or no stall) there is no stalls.txt. */
+Test(bench, the_stall_watchdog_writes_every_rank_s_stacks_once_per_stall)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[2048], out[16384];
+    fake_machine(dir, 2, "while [ \"$1\" != -- ]; do shift; done; shift; SYMM_RANK=0 \"$@\" & SYMM_RANK=1 \"$@\" & wait");
+    snprintf(command, sizeof command,
+             "d=%s; mkdir -p $d/build/bench $d/gdbpath && "
+             "printf '#!/bin/sh\\necho rank $SYMM_RANK row one\\nsleep 5\\necho rank $SYMM_RANK row two\\n' > "
+             "$d/build/bench/moe_bench && "
+             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bench/jit_bench && "
+             "printf '#!/bin/sh\\nexit 0\\n' > $d/build/bench/link_probe && "
+             "printf '#!/bin/sh\\necho \"fake gdb $*\"\\n' > $d/gdbpath/gdb && "
+             "chmod +x $d/build/bench/* $d/gdbpath/gdb",
+             dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    const struct {
+        const char *stall_s;
+        int dumps;
+    } cases[] = {{"2", 1}, {"0", 0}, {"30", 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(command, sizeof command,
+                 "d=%s; rm -rf $d/out/* && env PATH=$d/gdbpath:$d/path:$PATH OUT=$d/out BENCH_OUT=$d/out/bench "
+                 "BENCH_RESULTS=none BENCH_COMMIT=test BENCH_STALL_S=%s SYMM_BUILD_DIR=$d/build scripts/bench.sh "
+                 "> $d/run.log 2>&1; echo \"rc=$?\"; grep -c 'row one' $d/out/bench/bench.log; "
+                 "grep -c 'row two' $d/out/bench/bench.log; "
+                 "if [ -f $d/out/stalls.txt ]; then cat $d/out/stalls.txt; else echo no-stalls; fi",
+                 dir, cases[c].stall_s);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        cr_assert(!strncmp(out, "rc=0\n2\n2\n", 9), "BENCH_STALL_S=%s: bench.sh or the ranks' output: %s",
+                  cases[c].stall_s, out);
+        int dumps = 0, stacks = 0;
+        for (const char *p = out; (p = strstr(p, "bench.log has not grown")); p++)
+            dumps++;
+        for (const char *p = out; (p = strstr(p, "fake gdb -p ")); p++) {
+            stacks++;
+            cr_assert(!strncmp(strchr(p + 12, ' '), " -batch -ex thread apply all bt", 31), "%s", out);
+        }
+        cr_assert_eq(dumps, cases[c].dumps, "BENCH_STALL_S=%s: %d dumps: %s", cases[c].stall_s, dumps, out);
+        cr_assert_eq(stacks, 2 * cases[c].dumps, "BENCH_STALL_S=%s: %d stacks: %s", cases[c].stall_s, stacks, out);
+        if (cases[c].dumps) {
+            cr_assert(strstr(out, "rank 0: host thread stacks") && strstr(out, "rank 1: host thread stacks"), "%s",
+                      out);
+            cr_assert(strstr(out, "--- nvidia-smi\nGPU 0: fake"), "%s", out);
+        } else {
+            cr_assert(strstr(out, "no-stalls"), "%s", out);
+        }
+    }
+    wf_rmtree(dir);
+}
