@@ -323,7 +323,11 @@ for s in "$@"; do
     nccl) step check-w2-nccl 300 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick
         if [ "$ngpu" -ge 4 ]; then
             step check-w4-nccl 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick
-        fi ;;
+        fi
+        # the backend's own kernels (pack, gather, scatter, the expert stage's moves) under memcheck
+        step sanitizer-memcheck-nccl 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick \
+            --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2 ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
     worlds) for w in 2 3 5 8; do
             step check-worlds-w$w 200 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 20
