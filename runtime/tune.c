@@ -18,7 +18,7 @@ static const struct knob {
     {"PUSH_WARPS", 1, 16}, /* combine: warps per block that push rows before summing */
     {"PUSH_WARPS_SMALL", 0, 16}, /* combine: push warps with at most 2048 received rows (0: PUSH_WARPS) */
     {"PUSH_BATCH", 1, 32}, /* combine: rows a push warp moves per flag fence */
-    {"PART_BATCH", 1, 32}, /* combine, PUSH_PARTIALS: rows a push warp scans for parts per flag fence (PUSH_BATCH) */
+    {"PART_BATCH", 1, 32}, /* combine, PUSH_PARTIALS: rows a push warp scans for parts per flag fence (default 8) */
     {"SUM_UNROLL", 1, 10},  /* combine: output vectors per lane in flight */
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
     {"PREFETCH", 0, 1},    /* 1: loads issued ahead (topk ids, a warp's first rows, a push batch's rows) */
