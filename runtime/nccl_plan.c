@@ -75,7 +75,7 @@ static void send_chunks(symm_nccl_plan *p)
         if (rank == me)
             p->self_rows += kept;
         if (kept > 0)
-            p->send_chunks[p->n_send++] = (symm_nccl_chunk){rank, packed, kept};
+            p->send_chunks[p->n_send++] = (symm_nccl_chunk){rank, packed, kept, -1};
         packed += kept;
         dropped += mine[c] - kept;
     }
@@ -95,7 +95,7 @@ static void plan_receives(symm_nccl_plan *p)
             const int64_t cnt = p->counts[(size_t)s * p->bins + me];
             const int64_t keep = start >= cap ? 0 : (start + cnt <= cap ? cnt : cap - start);
             if (keep > 0)
-                p->recv_chunks[p->n_recv++] = (symm_nccl_chunk){s, start, keep};
+                p->recv_chunks[p->n_recv++] = (symm_nccl_chunk){s, start, keep, -1};
             start += cnt;
         }
         return;
@@ -112,20 +112,60 @@ static void plan_receives(symm_nccl_plan *p)
             const int64_t start = offset + earlier;
             const int64_t keep = start >= cap ? 0 : (start + cnt <= cap ? cnt : cap - start);
             /* Placed by sender below; ordered after the loop. */
-            p->recv_chunks[(size_t)s * L + j] = (symm_nccl_chunk){keep > 0 ? s : -1, start, keep};
+            p->recv_chunks[(size_t)s * L + j] = (symm_nccl_chunk){keep > 0 ? s : -1, start, keep, -1};
             earlier += cnt;
         }
         offset = (offset + total + p->align - 1) / p->align * p->align;
     }
-    for (int i = 0; i < W * L; i++)
-        if (p->recv_chunks[i].peer >= 0)
-            p->recv_chunks[p->n_recv++] = p->recv_chunks[i];
+    /* A peer's chunks take the next rows of the receive stage, in the order
+     * it sends them. */
+    int64_t stage = 0;
+    for (int i = 0; i < W * L; i++) {
+        symm_nccl_chunk c = p->recv_chunks[i];
+        if (c.peer < 0)
+            continue;
+        if (c.peer != me) {
+            c.stage = stage;
+            stage += c.n;
+        }
+        p->recv_chunks[p->n_recv++] = c;
+    }
+    p->stage_rows = stage;
+}
+
+/* Consecutive chunks of one peer (this rank's own skipped) as one run:
+ * packed rows (sending), or recv_x's rows (layout rank) or the stage's
+ * (layout expert) when receiving. A peer's chunks are consecutive in
+ * either list, and contiguous where the run's rows go. */
+static int runs_of(const symm_nccl_chunk *chunks, int n, int me, bool staged, symm_nccl_chunk *runs)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const symm_nccl_chunk c = chunks[i];
+        if (c.peer == me)
+            continue;
+        const int64_t row = staged ? c.stage : c.row;
+        if (m > 0 && runs[m - 1].peer == c.peer)
+            runs[m - 1].n += c.n;
+        else
+            runs[m++] = (symm_nccl_chunk){c.peer, row, c.n, -1};
+    }
+    return m;
+}
+
+int64_t symm_nccl_stage_capacity(int world, int64_t max_send, int64_t capacity)
+{
+    const int64_t peers = (int64_t)(world - 1) * max_send;
+    return peers < capacity ? peers : capacity;
 }
 
 void symm_nccl_plan_chunks(symm_nccl_plan *p)
 {
     p->recv_rows = p->dropped_recv = p->dropped_send = 0;
+    p->stage_rows = 0;
     bases(p);
     send_chunks(p);
     plan_receives(p);
+    p->n_send_runs = runs_of(p->send_chunks, p->n_send, p->rank, false, p->send_runs);
+    p->n_recv_runs = runs_of(p->recv_chunks, p->n_recv, p->rank, p->expert_layout, p->recv_runs);
 }

@@ -12,9 +12,19 @@
  * destination and among the packed rows, the drops and what this rank
  * receives; the GPU packs the rows by it. A chunk is a contiguous run of
  * rows between two ranks: one per destination rank (layout rank) or per
- * destination (rank, expert) (layout expert); the senders send their
- * chunks in ascending chunk order, and each receiver receives them in the
- * same order from each sender. */
+ * destination (rank, expert) (layout expert).
+ *
+ * NCCL moves runs, not chunks: one send and one receive per peer and array
+ * (a peer's chunks are contiguous among the packed rows, bins going by
+ * rank). Layout rank receives each run straight into its rows (a run is a
+ * chunk). Layout expert's chunks from one sender land in as many expert
+ * segments: its run lands in a receive stage (the senders' runs one after
+ * the other, ascending rank, this rank's own rows never among them) and a
+ * kernel (symm_nccl_unstage) moves each chunk to its rows; combine gathers
+ * y the other way (symm_nccl_restage) and sends each peer one run back.
+ * The operations of a group so stay at a few per peer whatever the
+ * experts: per chunk they were up to world x experts / world x arrays, past
+ * what one NCCL group takes at world 4 and 256 experts. */
 #ifndef SYMM_NCCL_PLAN_H
 #define SYMM_NCCL_PLAN_H
 
@@ -22,9 +32,11 @@
 #include <stdint.h>
 
 typedef struct symm_nccl_chunk {
-    int peer;    /* destination (sending) or source (receiving) rank */
-    int64_t row; /* first row: in the packed send buffer, or in recv_x */
-    int64_t n;   /* rows */
+    int peer;      /* destination (sending) or source (receiving) rank */
+    int64_t row;   /* first row: in the packed send buffer, or in recv_x */
+    int64_t n;     /* rows */
+    int64_t stage; /* a received chunk of layout expert from a peer: its first row in the
+                      receive stage; else -1 */
 } symm_nccl_chunk;
 
 typedef struct symm_nccl_plan {
@@ -42,8 +54,15 @@ typedef struct symm_nccl_plan {
                                        among the packed rows */
     symm_nccl_chunk *send_chunks;   /* [world * (expert ? L : 1)] */
     symm_nccl_chunk *recv_chunks;   /* [world * (expert ? L : 1)] */
+    symm_nccl_chunk *send_runs;     /* [world]: per peer (never this rank), its chunks as one run
+                                       of packed rows, ascending peer */
+    symm_nccl_chunk *recv_runs;     /* [world]: per peer, the rows from it as one run: of recv_x
+                                       (layout rank) or of the receive stage (layout expert) */
     /* What symm_nccl_plan_chunks found. */
     int n_send, n_recv;
+    int n_send_runs, n_recv_runs;
+    int64_t stage_rows;             /* layout expert: rows received from the peers (the receive
+                                       stage's rows in use); layout rank: 0 */
     int64_t packed;                 /* rows packed for sending */
     int32_t recv_rows;              /* as the native state's recv_rows */
     int32_t dropped_recv;           /* rows meant for this rank that did not fit */
@@ -53,9 +72,14 @@ typedef struct symm_nccl_plan {
                                        as bins go by rank) */
 } symm_nccl_plan;
 
-/* With every rank's count row in counts: base, the send and receive chunks,
- * packed, this rank's rows for itself (self_first, self_rows), recv_rows,
- * the drops and (layout expert) expert. O(world x bins). */
+/* With every rank's count row in counts: base, the send and receive chunks
+ * and runs, packed, this rank's rows for itself (self_first, self_rows),
+ * recv_rows, the drops, (layout expert) expert and stage_rows.
+ * O(world x bins). */
 void symm_nccl_plan_chunks(symm_nccl_plan *p);
+
+/* The most rows a layout-expert receive stage holds: what the peers can
+ * send this rank, below its capacity. */
+int64_t symm_nccl_stage_capacity(int world, int64_t max_send, int64_t capacity);
 
 #endif

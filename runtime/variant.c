@@ -261,6 +261,8 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_scan", &v->fn_nccl_scan));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_pack", &v->fn_nccl_pack));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_gather", &v->fn_nccl_gather));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_unstage", &v->fn_nccl_unstage));
+        SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_nccl_restage", &v->fn_nccl_restage));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_count_experts", &v->fn_count_experts));
         SYMM_TRY(symm_jit_get_function(v->module_nccl, "symm_reduce", &v->fn_reduce));
         if (v->backend == SYMM_BACKEND_HYBRID) {
@@ -762,7 +764,23 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
     } else {
         const symm_cuda_api *cu;
         SYMM_TRY(symm_cuda(&cu));
-        SYMM_CU(cu, cuStreamSynchronize(stream));
+        /* The NCCL backend's stream may wait on a peer inside NCCL: its wait
+         * is bounded by the variant's timeout (and then sticky) like every
+         * host wait of that backend. */
+        if (v->backend == SYMM_BACKEND_NCCL) {
+            symm_status waited = symm_variant_nccl_sync(v, stream);
+            if (waited != SYMM_OK) {
+                if (stats) {
+                    memset(stats, 0, sizeof *stats);
+                    stats->timed_out = waited == SYMM_ERR_TIMEOUT;
+                    stats->timeout_peer = -1;
+                    stats->mismatch_peer = -1;
+                }
+                return waited;
+            }
+        } else {
+            SYMM_CU(cu, cuStreamSynchronize(stream));
+        }
         device_state s;
         SYMM_CU(cu, cuMemcpyDtoH(&s, symm_variant_region_ptr(v, SYMM_REGION_STATE), sizeof s));
         local = (symm_variant_stats){

@@ -49,7 +49,8 @@ struct symm_variant {
     CUmodule module_pull;      /* part 4: combine = "auto": the pulling combine (native backend only) */
     CUfunction fn_dispatch, fn_combine;             /* native backend (combine = "auto": the pushing one) */
     CUfunction fn_combine_pull;                     /* native backend, combine = "auto": the pulling one */
-    CUfunction fn_nccl_scatter, fn_nccl_count, fn_nccl_scan, fn_nccl_pack, fn_nccl_gather, fn_count_experts,
+    CUfunction fn_nccl_scatter, fn_nccl_count, fn_nccl_scan, fn_nccl_pack, fn_nccl_gather, fn_nccl_unstage,
+        fn_nccl_restage, fn_count_experts,
         fn_reduce; /* NCCL backend (the hybrid uses fn_nccl_gather) */
     CUfunction fn_hybrid_src, fn_hybrid_sum; /* hybrid backend */
     unsigned dispatch_smem, combine_smem, combine_pull_smem; /* dynamic shared memory of the kernels
@@ -92,6 +93,9 @@ void symm_variant_nccl_release(symm_variant *v);
  * a timeout its communicator is aborted, which lets NCCL's kernels on this
  * GPU return, and SYMM_ERR_TIMEOUT comes back. SYMM_OK without the backend. */
 symm_status symm_variant_nccl_quiesce(symm_variant *v);
+/* Wait for stream's work as every host wait of the backend does (polled,
+ * bounded by the variant's timeout; a timeout is sticky). */
+symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 

@@ -10,11 +10,15 @@
  * runs of rows to send and receive (runtime/nccl_plan.c), packs this
  * rank's rows per destination on the GPU and moves every contiguous run of destination
  * rows ("chunk": a destination rank for layout rank, a destination (rank,
- * expert) for layout expert) with one send/receive per array. This rank's
- * rows for itself never go through NCCL: the pack kernel writes their
- * metadata and the gather kernel their rows of x straight to their received
- * rows. Combine sends each received chunk of y
- * back as one contiguous run, moves what comes back into COMBINE_IN (a
+ * expert) for layout expert) as one run per peer and array: one NCCL send
+ * and receive per peer and array, whatever the experts (nccl_plan.h).
+ * Layout rank receives each run straight into its rows; layout expert
+ * receives the runs into a receive stage and symm_nccl_unstage moves each
+ * chunk to its expert's segment. This rank's rows for itself never go
+ * through NCCL: the pack kernel writes their metadata and the gather kernel
+ * their rows of x straight to their received rows. Combine sends each
+ * peer's rows of y back as one run (layout expert: gathered into the stage
+ * first, symm_nccl_restage), moves what comes back into COMBINE_IN (a
  * pulling variant has none: a buffer of this backend's own with its layout)
  * and runs the native sum, which reads this rank's own rows from y. Dispatch
  * returns once its work is queued; the next dispatch queues its work after
@@ -58,15 +62,22 @@ struct symm_variant_nccl {
     int32_t *h_info;     /* [4]: T, clamped, invalid ids (symm_nccl_count, symm_nccl_scan) */
     int32_t *h_bins;     /* [2, bins]: the plan's base, for symm_nccl_pack */
     int32_t *h_expert;   /* [2, local experts]: count, offset */
+    int32_t *h_unstage;  /* layout expert: [world * local experts][2], per chunk from a peer its
+                            first stage row and first received row (symm_nccl_unstage) */
     device_state *h_state;
     /* device */
     CUdeviceptr d_counts, d_info, d_bins, d_work, d_send_index, d_stage_index, d_send_x, d_send_scales,
         d_send_src, d_send_topk, d_send_weights, d_stage, d_self_dst;
+    /* layout expert: the receive stage (stage_cap rows; x's rows are as wide as the wider of a
+       dispatched and a combined row: combine gathers y there) and its chunk list */
+    CUdeviceptr d_unstage, d_rstage_x, d_rstage_scales, d_rstage_src, d_rstage_weights;
+    int64_t stage_cap;
+    int n_unstage;       /* chunks in d_unstage (the last dispatch's) */
     CUdeviceptr d_combine_in; /* combine = "pull": where the peers' rows land (the
                                  variant has no COMBINE_IN region), else 0 */
     /* the routing of the last dispatch (its arrays are the pinned ones above) */
     symm_nccl_plan plan;
-    chunk *send_chunks, *recv_chunks;
+    chunk *send_chunks, *recv_chunks, *send_runs, *recv_runs;
     int64_t *base;       /* [2 * bins]: the plan's scratch */
     uint64_t calls;
 };
@@ -106,8 +117,10 @@ static symm_status nccl_buffers(symm_variant *v)
     n->max_send = (int64_t)T * n->max_dests;
     n->send_chunks = calloc((size_t)W * (expert ? L : 1), sizeof(chunk));
     n->recv_chunks = calloc((size_t)W * (expert ? L : 1), sizeof(chunk));
+    n->send_runs = calloc((size_t)W, sizeof(chunk));
+    n->recv_runs = calloc((size_t)W, sizeof(chunk));
     n->base = calloc((size_t)2 * n->bins, sizeof *n->base);
-    if (!n->send_chunks || !n->recv_chunks || !n->base)
+    if (!n->send_chunks || !n->recv_chunks || !n->send_runs || !n->recv_runs || !n->base)
         return symm_fail(SYMM_ERR_NOMEM, "NCCL backend: out of host memory");
     const size_t S = (size_t)n->max_send, row = H * symm_dtype_size(d->dtype);
     const size_t crow = H * symm_dtype_size(d->combine_dtype), sc = H / SYMM_FP8_BLOCK * 4;
@@ -141,6 +154,19 @@ static symm_status nccl_buffers(symm_variant *v)
      * [max_tokens][topk] rows). combine = "auto" has COMBINE_IN (for its
      * pushing form) and lands them there, so y may lie anywhere, as with
      * "push": the form this backend takes is the same either way. */
+    if (expert) {
+        /* At most what the peers can send this rank, below its capacity:
+         * 1.4 GB at world 4, T = 4096, hidden 7168, top-8, bf16. */
+        n->stage_cap = symm_nccl_stage_capacity(W, n->max_send, d->capacity);
+        const size_t R = (size_t)n->stage_cap, wide = row > crow ? row : crow;
+        SYMM_TRY(symm_vhost_host_alloc(vh, cu, &n->h_unstage, (size_t)W * L * 8));
+        SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_unstage, (size_t)W * L * 8));
+        SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_rstage_x, R * wide));
+        SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_rstage_scales,
+                                      d->dtype == SYMM_DTYPE_FP8_E4M3 ? R * sc : 16));
+        SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_rstage_src, R * 16));
+        SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_rstage_weights, d->weights ? R * 4 : 16));
+    }
     if (!d->regions[SYMM_REGION_COMBINE_IN].bytes)
         SYMM_TRY(symm_vhost_dev_alloc(vh, cu, &n->d_combine_in, (expert ? T * (size_t)K : (size_t)W * T) * crow));
     SYMM_CU(cu, cuEventCreate(&n->vhost.done, CU_EVENT_DISABLE_TIMING));
@@ -148,6 +174,7 @@ static symm_status nccl_buffers(symm_variant *v)
         .world = W, .rank = v->rank, .experts = d->experts, .align = d->align, .expert_layout = expert,
         .capacity = d->capacity, .bins = n->bins, .counts = n->h_counts, .expert = n->h_expert,
         .base = n->base, .send_chunks = n->send_chunks, .recv_chunks = n->recv_chunks,
+        .send_runs = n->send_runs, .recv_runs = n->recv_runs,
     };
     return SYMM_OK;
 }
@@ -158,14 +185,17 @@ void symm_variant_nccl_release(symm_variant *v)
     const symm_cuda_api *cu;
     if (!n)
         return;
-    void *hosts[] = {n->h_counts, n->h_info, n->h_bins, n->h_expert, n->h_state};
+    void *hosts[] = {n->h_counts, n->h_info, n->h_bins, n->h_expert, n->h_state, n->h_unstage};
     const CUdeviceptr devs[] = {n->d_counts, n->d_info, n->d_bins, n->d_work, n->d_send_index, n->d_stage_index,
                                 n->d_send_x, n->d_send_scales, n->d_send_src, n->d_send_topk, n->d_send_weights,
-                                n->d_stage, n->d_self_dst, n->d_combine_in};
+                                n->d_stage, n->d_self_dst, n->d_combine_in, n->d_unstage, n->d_rstage_x,
+                                n->d_rstage_scales, n->d_rstage_src, n->d_rstage_weights};
     symm_vhost_release(&n->vhost, symm_cuda(&cu) == SYMM_OK ? cu : NULL, hosts, SYMM_ARRAY_LEN(hosts), devs,
                        SYMM_ARRAY_LEN(devs));
     free(n->send_chunks);
     free(n->recv_chunks);
+    free(n->send_runs);
+    free(n->recv_runs);
     free(n->base);
     free(n);
     v->nccl = NULL;
@@ -242,6 +272,12 @@ static symm_status connect_peers(symm_variant *v)
     return st;
 }
 
+symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream)
+{
+    SYMM_TRY(symm_variant_nccl_failure(v, "stats_read"));
+    return wait_work(v, stream, true, "the stream's work (stats_read)");
+}
+
 symm_status symm_variant_nccl_quiesce(symm_variant *v)
 {
     struct symm_variant_nccl *n = v->nccl;
@@ -266,8 +302,46 @@ static symm_status launch_scatter(const symm_variant *v, CUdeviceptr stage, CUde
                            "launch of symm_nccl_scatter");
 }
 
-/* One send/receive per array per chunk with a peer, in one NCCL group (this
- * rank's rows for itself were moved already). */
+/* Layout expert: the peers' rows from the receive stage to their rows
+ * (symm_nccl_unstage), a warp a row. */
+static symm_status launch_unstage(const symm_variant *v, const symm_recv_buffers *rb, CUstream stream)
+{
+    const struct symm_variant_nccl *n = v->nccl;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    enum { WARPS = 8 };
+    CUdeviceptr stage_x = n->d_rstage_x, stage_scales = n->d_rstage_scales, stage_src = n->d_rstage_src;
+    CUdeviceptr stage_weights = n->d_rstage_weights, chunks = n->d_unstage;
+    CUdeviceptr recv_x = rb->x, recv_scales = rb->scales, recv_src = rb->src, recv_weights = rb->weights;
+    int m = n->n_unstage;
+    int64_t rows = n->plan.stage_rows;
+    void *params[] = {&stage_x, &stage_scales, &stage_src, &stage_weights, &chunks, &m, &rows,
+                      &recv_x, &recv_scales, &recv_src, &recv_weights};
+    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_unstage, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1,
+                                              1, 0, stream, params, NULL),
+                           "launch of symm_nccl_unstage");
+}
+
+/* Layout expert's combine: the rows of y that go back to the peers into the
+ * receive stage, each peer's as one run (symm_nccl_restage). */
+static symm_status launch_restage(const symm_variant *v, const void *y, CUstream stream)
+{
+    const struct symm_variant_nccl *n = v->nccl;
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    enum { WARPS = 8 };
+    CUdeviceptr ys = (CUdeviceptr)y, chunks = n->d_unstage, stage = n->d_rstage_x;
+    int m = n->n_unstage;
+    int64_t rows = n->plan.stage_rows;
+    void *params[] = {&ys, &chunks, &m, &rows, &stage};
+    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_restage, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1,
+                                              1, 0, stream, params, NULL),
+                           "launch of symm_nccl_restage");
+}
+
+/* One send/receive per array per run with a peer, in one NCCL group (this
+ * rank's rows for itself were moved already): into the received rows
+ * (layout rank) or the receive stage (layout expert). */
 static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, CUstream stream)
 {
     const symm_variant_desc *d = v->desc;
@@ -279,10 +353,8 @@ static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, C
     const size_t wrow = d->layout == SYMM_LAYOUT_RANK ? (size_t)K * 4 : 4;
     SYMM_NCCL(nc, comm, ncclGroupStart());
     symm_status st = SYMM_OK;
-    for (int i = 0; i < n->plan.n_send; i++) {
-        const chunk c = n->send_chunks[i];
-        if (c.peer == v->rank)
-            continue;
+    for (int i = 0; i < n->plan.n_send_runs; i++) {
+        const chunk c = n->send_runs[i];
         SYMM_GROUP_OP(ncclSend((void *)(n->d_send_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
         SYMM_GROUP_OP(ncclSend((void *)(n->d_send_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
@@ -294,19 +366,21 @@ static symm_status exchange_rows(symm_variant *v, const symm_recv_buffers *rb, C
             SYMM_GROUP_OP(ncclSend((void *)(n->d_send_weights + c.row * wrow), c.n * wrow, ncclUint8,
                                    c.peer, comm, stream));
     }
-    for (int i = 0; i < n->plan.n_recv; i++) {
-        const chunk c = n->recv_chunks[i];
-        if (c.peer == v->rank)
-            continue;
-        SYMM_GROUP_OP(ncclRecv((void *)(rb->x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
-        SYMM_GROUP_OP(ncclRecv((void *)(rb->src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
+    const bool staged = d->layout == SYMM_LAYOUT_EXPERT;
+    const CUdeviceptr to_x = staged ? n->d_rstage_x : rb->x, to_src = staged ? n->d_rstage_src : rb->src;
+    const CUdeviceptr to_scales = staged ? n->d_rstage_scales : rb->scales;
+    const CUdeviceptr to_weights = staged ? n->d_rstage_weights : rb->weights;
+    for (int i = 0; i < n->plan.n_recv_runs; i++) {
+        const chunk c = n->recv_runs[i];
+        SYMM_GROUP_OP(ncclRecv((void *)(to_x + c.row * row), c.n * row, ncclUint8, c.peer, comm, stream));
+        SYMM_GROUP_OP(ncclRecv((void *)(to_src + c.row * 16), c.n * 16, ncclUint8, c.peer, comm, stream));
         if (d->dtype == SYMM_DTYPE_FP8_E4M3)
-            SYMM_GROUP_OP(ncclRecv((void *)(rb->scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(to_scales + c.row * sc), c.n * sc, ncclUint8, c.peer, comm, stream));
         if (d->layout == SYMM_LAYOUT_RANK)
             SYMM_GROUP_OP(ncclRecv((void *)(rb->topk_idx + c.row * K * 4), c.n * K * 4, ncclUint8,
                                    c.peer, comm, stream));
         if (d->weights)
-            SYMM_GROUP_OP(ncclRecv((void *)(rb->weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
+            SYMM_GROUP_OP(ncclRecv((void *)(to_weights + c.row * wrow), c.n * wrow, ncclUint8, c.peer, comm, stream));
     }
     return symm_vhost_group_end(nc, comm, st);
 }
@@ -354,6 +428,21 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
 
     symm_nccl_plan *plan = &n->plan;
     symm_nccl_plan_chunks(plan);
+    if (plan->stage_rows > n->stage_cap)
+        return symm_fail(SYMM_ERR_STATE, "rank %d: %lld rows from the peers, the receive stage holds %lld "
+                         "(internal error)", me, (long long)plan->stage_rows, (long long)n->stage_cap);
+    n->n_unstage = 0;
+    if (plan->stage_rows > 0) {
+        for (int i = 0; i < plan->n_recv; i++) {
+            const chunk c = n->recv_chunks[i];
+            if (c.peer == me)
+                continue;
+            n->h_unstage[2 * n->n_unstage] = (int32_t)c.stage;
+            n->h_unstage[2 * n->n_unstage + 1] = (int32_t)c.row;
+            n->n_unstage++;
+        }
+        SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_unstage, n->h_unstage, (size_t)n->n_unstage * 8, stream));
+    }
     st->recv_rows = plan->recv_rows;
     st->dropped_recv = plan->dropped_recv;
     st->dropped_send = plan->dropped_send;
@@ -386,6 +475,8 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
                                    params, NULL));
     }
     SYMM_TRY(exchange_rows(v, &rb, stream));
+    if (plan->stage_rows > 0)
+        SYMM_TRY(launch_unstage(v, &rb, stream));
 
     /* What this rank received. */
     st->seq = ++n->calls;
@@ -422,19 +513,23 @@ static symm_status combine_steps(symm_variant *v, const void *y, void *out, CUst
     SYMM_TRY(symm_cuda(&cu));
     ncclComm_t comm = (ncclComm_t)symm_nccl_comm(n->vhost.comm);
     const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
-    /* Each chunk received from a peer goes back as one run of y; what comes
-     * back lands in packed order in the stage. */
+    /* Each peer's rows go back as one run: of y (layout rank), or of the
+     * receive stage where symm_nccl_restage gathers them (layout expert);
+     * what comes back lands in packed order in the stage. */
+    const char *back = y;
+    if (p->stage_rows > 0) {
+        SYMM_TRY(launch_restage(v, y, stream));
+        back = (const char *)n->d_rstage_x;
+    }
     SYMM_NCCL(nc, comm, ncclGroupStart());
     symm_status st = SYMM_OK;
-    for (int i = 0; i < p->n_recv; i++) {
-        const chunk c = n->recv_chunks[i];
-        if (c.peer != v->rank)
-            SYMM_GROUP_OP(ncclSend((const char *)y + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
+    for (int i = 0; i < p->n_recv_runs; i++) {
+        const chunk c = n->recv_runs[i];
+        SYMM_GROUP_OP(ncclSend(back + c.row * crow, c.n * crow, ncclUint8, c.peer, comm, stream));
     }
-    for (int i = 0; i < p->n_send; i++) {
-        const chunk c = n->send_chunks[i];
-        if (c.peer != v->rank)
-            SYMM_GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
+    for (int i = 0; i < p->n_send_runs; i++) {
+        const chunk c = n->send_runs[i];
+        SYMM_GROUP_OP(ncclRecv((void *)(n->d_stage + c.row * crow), c.n * crow, ncclUint8, c.peer, comm, stream));
     }
     SYMM_TRY(symm_vhost_group_end(nc, comm, st));
     /* Into COMBINE_IN (or this backend's own buffer in its place): the

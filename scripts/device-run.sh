@@ -12,7 +12,9 @@
 #        CUDA MPS (HOSTS_MPS=0: taking turns);
 #        NCCL between ranks that share a GPU over loopback,
 #        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
-#        models, nccl (check --backend nccl at world 2, and 4 on 4 GPUs), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
+#        models, nccl (check --backend nccl at world 2, and 4 on 4 GPUs;
+#        test_variant's nccl_* tests at 2 ranks; memcheck of four variants'
+#        NCCL-backend kernels), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
 #        racecheck at world 4), variant,
 #        auto (combine = "auto": check of the default spec's auto variants at
 #        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
@@ -324,8 +326,13 @@ for s in "$@"; do
         if [ "$ngpu" -ge 4 ]; then
             step check-w4-nccl 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick
         fi
+        # test_variant's NCCL-backend tests (timeouts, streams, capture) at 2 ranks
+        step test_variant-nccl-n2 200 env SYMM_TEST_MANIFEST=out/default/manifest.json $run -n 2 --gpus "$gpus" -- \
+            "$build/tests-gpu/test_variant" --jobs 1 --filter 'variant/nccl_*'
         # the backend's own kernels (pack, gather, scatter, the expert stage's moves) under memcheck
-        step sanitizer-memcheck-nccl 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck --error-exitcode 9 \
+        # (API errors not reported: NCCL's init probes kernels it has no image of for this GPU)
+        step sanitizer-memcheck-nccl 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool memcheck \
+            --report-api-errors no --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick \
             --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2 ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;

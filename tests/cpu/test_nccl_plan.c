@@ -6,10 +6,12 @@
  * same cut of the tokens into blocks and warps (random counts of each).
  *
  * Every rank plans as runtime/variant_nccl.c does (count, all-gather of the
- * count rows, chunks, pack); the exchange is simulated as NCCL would carry it: each
- * receiver takes its chunks from a sender in order, and each must have
- * exactly the size of that sender's next chunk for it (NCCL send and receive
- * sizes must match). What lands (source rank, token, k; local top-k ids;
+ * count rows, chunks, pack); the exchange is simulated as NCCL would carry it:
+ * at most one run a peer each way, each receiver's run from a sender exactly
+ * the size of that sender's run for it (NCCL send and receive sizes must
+ * match), the runs made of the chunks (contiguous, in order), and each
+ * received chunk's rows found where the run put them (its received rows, or
+ * the receive stage for layout expert, symm_nccl_unstage's map). What lands (source rank, token, k; local top-k ids;
  * weights), the row counts, drops, invalid ids, expert counts and offsets,
  * the route combine reads and, for a rank's rows for itself (moved by a
  * kernel, not NCCL), the received row of each must equal symm_ref_dispatch's, for random
@@ -65,6 +67,8 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
         .capacity = cap, .bins = bins, .counts = counts, .expert = zalloc((size_t)2 * L * 4),
         .base = zalloc((size_t)2 * bins * 8), .send_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
         .recv_chunks = zalloc(chunks * sizeof(symm_nccl_chunk)),
+        .send_runs = zalloc((size_t)W * sizeof(symm_nccl_chunk)),
+        .recv_runs = zalloc((size_t)W * sizeof(symm_nccl_chunk)),
     };
     r->blocks = 1 + moe_rng_int(g, 5);
     r->wpb = 1 + moe_rng_int(g, 4);
@@ -81,9 +85,88 @@ static void plan_alloc(rank_plan *r, const symm_ref_config *c, int rank, int64_t
 static void plan_free(rank_plan *r)
 {
     void *bufs[] = {r->topk, r->weights, r->work, r->route, r->token_weights, r->send_index, r->stage_index,
-                    r->send_src, r->self_dst, r->own_src, r->p.expert, r->p.base, r->p.send_chunks, r->p.recv_chunks};
+                    r->send_src, r->self_dst, r->own_src, r->p.expert, r->p.base, r->p.send_chunks, r->p.recv_chunks,
+                    r->p.send_runs, r->p.recv_runs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+}
+
+/* The run of runs[0..n) with the peer, or NULL. */
+static const symm_nccl_chunk *run_with(const symm_nccl_chunk *runs, int n, int peer)
+{
+    for (int i = 0; i < n; i++)
+        if (runs[i].peer == peer)
+            return &runs[i];
+    return NULL;
+}
+
+/* symm_nccl_unstage's staged_row (templates/cu/nccl.cu.in) in C: the
+ * received row of stage row i, from the chunk list the backend uploads. */
+static int64_t staged_row(const int32_t *chunks, int m, int64_t i)
+{
+    int lo = 0, hi = m - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (chunks[2 * mid] <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return chunks[2 * lo + 1] + (i - chunks[2 * lo]);
+}
+
+/* A rank's runs: one a peer at most each way, never itself, ascending peer,
+ * each its chunks with the peer back to back (packed rows sending; received
+ * rows (layout rank) or stage rows (layout expert) receiving); the stage
+ * rows of layout expert's chunks from the peers one after the other, as
+ * many as stage_rows, below symm_nccl_stage_capacity. */
+static void check_runs(uint64_t seed, const symm_nccl_plan *p, int64_t max_send)
+{
+    const symm_nccl_chunk *lists[2] = {p->send_chunks, p->recv_chunks};
+    const symm_nccl_chunk *runs[2] = {p->send_runs, p->recv_runs};
+    const int n_chunks[2] = {p->n_send, p->n_recv}, n_runs[2] = {p->n_send_runs, p->n_recv_runs};
+    for (int way = 0; way < 2; way++) {
+        const bool staged = way == 1 && p->expert_layout;
+        int used = 0;
+        for (int i = 0; i < n_runs[way]; i++) {
+            const symm_nccl_chunk u = runs[way][i];
+            cr_assert(u.peer >= 0 && u.peer < p->world && u.peer != p->rank && u.n > 0,
+                      "seed %llu rank %d: run %d {peer %d, %lld rows}", (unsigned long long)seed, p->rank, i, u.peer,
+                      (long long)u.n);
+            cr_assert(i == 0 || runs[way][i - 1].peer < u.peer, "seed %llu rank %d: runs not by ascending peer",
+                      (unsigned long long)seed, p->rank);
+            int64_t at = u.row;
+            for (int c = 0; c < n_chunks[way]; c++) {
+                const symm_nccl_chunk k = lists[way][c];
+                if (k.peer != u.peer)
+                    continue;
+                cr_assert_eq(staged ? k.stage : k.row, at, "seed %llu rank %d: the chunks with %d are not one run",
+                             (unsigned long long)seed, p->rank, u.peer);
+                at += k.n;
+                used++;
+            }
+            cr_assert_eq(at, u.row + u.n, "seed %llu rank %d: run with %d: %lld rows, its chunks %lld",
+                         (unsigned long long)seed, p->rank, u.peer, (long long)u.n, (long long)(at - u.row));
+        }
+        int others = 0;
+        for (int c = 0; c < n_chunks[way]; c++)
+            others += lists[way][c].peer != p->rank;
+        cr_assert_eq(used, others, "seed %llu rank %d: chunks with peers outside the runs", (unsigned long long)seed,
+                     p->rank);
+    }
+    int64_t staged = 0;
+    for (int c = 0; c < p->n_recv; c++) {
+        const symm_nccl_chunk k = p->recv_chunks[c];
+        const bool in_stage = p->expert_layout && k.peer != p->rank;
+        cr_assert_eq(k.stage, in_stage ? staged : -1, "seed %llu rank %d: chunk %d's stage row",
+                     (unsigned long long)seed, p->rank, c);
+        if (in_stage)
+            staged += k.n;
+    }
+    cr_assert_eq(p->stage_rows, staged, "seed %llu rank %d: stage_rows", (unsigned long long)seed, p->rank);
+    cr_assert(staged <= symm_nccl_stage_capacity(p->world, max_send, p->capacity),
+              "seed %llu rank %d: %lld stage rows past the stage's capacity", (unsigned long long)seed, p->rank,
+              (long long)staged);
 }
 
 /* A random top-k row: distinct experts, some masked (-1), some invalid (out
@@ -319,7 +402,22 @@ static void one_world(uint64_t seed)
                      (unsigned long long)seed, s, r[s].p.dropped_send, (long long)stats[s].dropped);
     }
 
-    /* The exchange: receiver p takes from sender s its chunks in order. */
+    /* The runs, and that NCCL's sends and receives pair up: one a peer each
+     * way, of one size. */
+    const int64_t max_send = (int64_t)c.max_tokens * (expert ? K : (K < W ? K : W));
+    for (int s = 0; s < W; s++) {
+        check_runs(seed, &r[s].p, max_send);
+        for (int p = 0; p < W; p++) {
+            const symm_nccl_chunk *out = run_with(r[s].p.send_runs, r[s].p.n_send_runs, p);
+            const symm_nccl_chunk *in_ = run_with(r[p].p.recv_runs, r[p].p.n_recv_runs, s);
+            cr_assert((out == NULL) == (in_ == NULL) && (!out || out->n == in_->n),
+                      "seed %llu: %d sends %lld rows to %d, which receives %lld", (unsigned long long)seed, s,
+                      out ? (long long)out->n : 0ll, p, in_ ? (long long)in_->n : 0ll);
+        }
+    }
+
+    /* Chunk by chunk: receiver p takes from sender s its chunks in order,
+     * each where the runs put it. */
     int next_send[MAX_W][MAX_W] = {{0}}; /* [s][p]: index into s's send chunks */
     int64_t self_landed[MAX_W] = {0};
     for (int p = 0; p < W; p++) {
@@ -330,6 +428,16 @@ static void one_world(uint64_t seed)
         cr_assert_eq(rp->dropped_recv, rf->dropped, "seed %llu rank %d: dropped_recv", (unsigned long long)seed, p);
         int64_t landed = 0;
         int32_t *hist = zalloc((size_t)L * 4);
+        /* The chunk list symm_nccl_unstage gets (variant_nccl.c). */
+        int32_t *unstage = zalloc((size_t)rp->n_recv * 8);
+        int m = 0;
+        for (int i = 0; i < rp->n_recv; i++) {
+            if (rp->recv_chunks[i].peer != p) {
+                unstage[2 * m] = (int32_t)rp->recv_chunks[i].stage;
+                unstage[2 * m + 1] = (int32_t)rp->recv_chunks[i].row;
+                m++;
+            }
+        }
         for (int i = 0; i < rp->n_recv; i++) {
             const symm_nccl_chunk rc = rp->recv_chunks[i];
             const rank_plan *sr = &r[rc.peer];
@@ -344,8 +452,24 @@ static void one_world(uint64_t seed)
                          (unsigned long long)seed, rc.peer, (long long)sc.n, p, (long long)rc.n);
             cr_assert(rc.row >= 0 && rc.row + rc.n <= cap, "seed %llu: chunk past the capacity",
                       (unsigned long long)seed);
+            const symm_nccl_chunk *out = run_with(sp->send_runs, sp->n_send_runs, p);
+            const symm_nccl_chunk *in_ = run_with(rp->recv_runs, rp->n_recv_runs, rc.peer);
             for (int64_t j = 0; j < rc.n; j++) {
                 const int64_t row = rc.row + j, from = sc.row + j;
+                if (rc.peer != p) {
+                    /* Where NCCL puts packed row `from` of the sender, and
+                     * where the unstage kernel takes it from there. */
+                    const int64_t at = expert ? rc.stage + j : row;
+                    cr_assert_eq(out->row + (at - in_->row), from,
+                                 "seed %llu: rank %d's row %lld from %d is the sender's packed row %lld, its run "
+                                 "carries %lld there", (unsigned long long)seed, p, (long long)row, rc.peer,
+                                 (long long)from, (long long)(out->row + (at - in_->row)));
+                    if (expert)
+                        cr_assert_eq(staged_row(unstage, m, at), row,
+                                     "seed %llu: rank %d's stage row %lld goes to row %lld, belongs at %lld",
+                                     (unsigned long long)seed, p, (long long)at, (long long)staged_row(unstage, m, at),
+                                     (long long)row);
+                }
                 if (rc.peer == p) {
                     cr_assert(from >= sp->self_first && from < sp->self_first + sp->self_rows,
                               "seed %llu: rank %d's packed row %lld for itself is outside its self rows [%lld, +%lld)",
@@ -419,6 +543,7 @@ static void one_world(uint64_t seed)
         cr_assert_eq(self_landed[p], rp->self_rows, "seed %llu: rank %d: %lld of its rows for itself landed, it "
                      "plans %lld", (unsigned long long)seed, p, (long long)self_landed[p], (long long)rp->self_rows);
         free(hist);
+        free(unstage);
     }
     /* Nothing sent that nobody receives; every route entry is a landed row. */
     for (int s = 0; s < W; s++) {

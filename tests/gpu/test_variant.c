@@ -1367,6 +1367,62 @@ Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destro
     end_leak_test(&t, NULL, &c, fds_before, free_before);
 }
 
+/* A peer that dispatches but never combines leaves rank 0's combine waiting
+ * inside NCCL on the device (combine itself does not wait on the host):
+ * stats_read, the first host wait after it, fails with SYMM_ERR_TIMEOUT
+ * after the variant's timeout instead of blocking for ever, and the
+ * aborted communicator lets the waiting kernel return. Every rank sends
+ * max_tokens tokens, so rank 0 sent rows to rank 1 and waits for them back. */
+Test(variant, nccl_backend_stats_read_after_a_combine_its_peer_skipped_times_out)
+{
+    vt t;
+    vt_setup_nccl(&t, "nccl-stats-timeout", 30.0);
+    const double timeout = 2.0;
+    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL, .timeout_s = timeout};
+    gpu_case warm;
+    int fds_before;
+    size_t free_before;
+    warm_up_then_snapshot(&t, &o, &warm, &fds_before, &free_before);
+
+    vt_open(&t, &o);
+    int tokens[MAX_W];
+    for (int p = 0; p < t.c.ranks; p++)
+        tokens[p] = t.d->max_tokens;
+    gpu_case c;
+    gpu_case_upload(&t, &c, t.seed ^ 0x5ca1ab1eull, t.seed + 7, tokens, false);
+    gpu_case_poison(&t, &c);
+    symm_dispatch_args a = good_args(t.d, &c.b, tokens[t.c.rank], false);
+    EXPECT_OK(symm_variant_dispatch(t.v, &a, t.stream));
+    if (t.c.rank == 0) {
+        EXPECT_OK(symm_variant_combine(t.v, (const void *)c.y, (void *)c.out, t.stream));
+        const double t0 = now_s();
+        symm_variant_stats stats;
+        memset(&stats, 0x5a, sizeof stats);
+        symm_status st = symm_variant_stats_read(t.v, t.stream, &stats);
+        const double waited = now_s() - t0;
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", symm_last_error());
+        cr_assert(st == SYMM_ERR_TIMEOUT && strstr(msg, "stats_read") && strstr(msg, "timeout"),
+                  "rank 0: stats_read with a combine its peer never joined gave %s (%s), expected SYMM_ERR_TIMEOUT "
+                  "naming stats_read and the timeout", symm_status_name(st), msg);
+        cr_assert(stats.timed_out == 1 && stats.timeout_peer == -1,
+                  "rank 0: stats after the timeout: timed_out %d, timeout_peer %d; expected 1, -1", stats.timed_out,
+                  stats.timeout_peer);
+        cr_assert(waited >= timeout * 0.95 && waited < timeout + 4.0,
+                  "rank 0: the timed-out stats_read took %.3f s, expected about the variant's timeout of %g s", waited,
+                  timeout);
+        st = symm_variant_dispatch(t.v, &a, t.stream);
+        cr_assert(st == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "earlier call"),
+                  "rank 0: the dispatch after the timeout gave %s (%s), expected SYMM_ERR_TIMEOUT saying an earlier "
+                  "call failed", symm_status_name(st), symm_last_error());
+        drain(&t, now_s(), 10.0, "the aborted combine");
+    } else {
+        /* Its dispatch completes (rank 0 joined it); its combine never comes. */
+        drain(&t, now_s(), 30.0, "the dispatch");
+    }
+    end_leak_test(&t, &c, &warm, fds_before, free_before);
+}
+
 /* ---- 3. T from device memory --------------------------------------------------------------- */
 
 Test(variant, tokens_dev_takes_t_from_device_memory)
