@@ -39,7 +39,6 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"SUM_BULK", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -466,17 +465,6 @@ Test(tune, the_sum_prefetch_knob_keeps_the_default_and_changes_what_it_applies_t
     check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 1, NULL, 0, true);
     check_knob_case("bf16_expert_order_k_w2", "SUM_PREFETCH", 1, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "SUM_PREFETCH", 1, "PUSH_PARTIALS", 1, true);
-}
-
-/* SUM_BULK (default 0): at 0 the default's code; at 1 other code where
- * the push warps form parts (layout expert by rank with PUSH_PARTIALS),
- * and layout rank's and the ascending-k order's code unchanged. */
-Test(tune, sum_bulk_keeps_the_default_and_changes_only_the_parts_combine, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "SUM_BULK", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("fp8_expert_a128_w2", "SUM_BULK", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_rank_w2", "SUM_BULK", 0, NULL, 0, false);
-    check_knob_case("bf16_expert_order_k_w2", "SUM_BULK", 0, NULL, 0, false);
 }
 
 /* PART_BATCH (8 unless set, whatever PUSH_BATCH is): with PUSH_PARTIALS,
