@@ -14,7 +14,9 @@
 #        --nccl-shared-gpu), sanitize-hybrid (memcheck of hosts' first run),
 #        models, nccl (check --backend nccl at world 2, and 4 on 4 GPUs;
 #        test_variant's nccl_* tests at 2 ranks; memcheck of four variants'
-#        NCCL-backend kernels), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
+#        NCCL-backend kernels), nccl-specs (check --backend nccl of
+#        worlds.lua and models.lua at each world up to the GPUs, and
+#        test_variant's nccl_* tests at 4 ranks on 4 GPUs), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
 #        racecheck at world 4), variant,
 #        auto (combine = "auto": check of the default spec's auto variants at
 #        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
@@ -335,6 +337,16 @@ for s in "$@"; do
             --report-api-errors no --error-exitcode 9 \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --backend nccl --quick \
             --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant fp16_expert_a8_cap_w2 --variant bf16_expert_w2 ;;
+    nccl-specs) # the NCCL backend on worlds.lua and models.lua at every world the GPUs hold, a rank a GPU
+        for spec in worlds models; do
+            for w in 2 3 4 5 6 7 8; do
+                [ "$w" -le "$ngpu" ] && grep -q "\"world\": $w," out/$spec/manifest.json || continue
+                step check-$spec-w$w-nccl 300 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" \
+                    --manifest out/$spec/manifest.json --backend nccl --quick
+            done
+        done
+        [ "$ngpu" -ge 4 ] && step test_variant-nccl-n4 200 env SYMM_TEST_MANIFEST=out/default/manifest.json \
+            $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/test_variant" --jobs 1 --filter 'variant/nccl_*' ;;
     world4) step check-w4 300 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 20 ;;
     worlds) for w in 2 3 5 8; do
             step check-worlds-w$w 200 $run -n $w --gpus "$gpus" -- "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 20
@@ -483,7 +495,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, spans, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, nccl-specs, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, spans, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
