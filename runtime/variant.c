@@ -721,7 +721,12 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
                          "PROFILE=1 or PROFILE=2 (SYMM_TUNE or symm_variant_options.tune)", v->desc->name);
     const symm_cuda_api *cu;
     SYMM_TRY(symm_cuda(&cu));
-    SYMM_CU(cu, cuStreamSynchronize(stream));
+    /* The NCCL backend's stream may wait inside NCCL: a bounded wait (see
+     * stats_read). The native kernels time out on the device. */
+    if (v->nccl)
+        SYMM_TRY(symm_variant_nccl_sync(v, stream));
+    else
+        SYMM_CU(cu, cuStreamSynchronize(stream));
     uint64_t phases[SYMM_PROFILE_SLOTS], spans[SYMM_PROFILE_SPAN_SLOTS];
     SYMM_CU(cu, cuMemcpyDtoH(phases, symm_variant_region_ptr(v, SYMM_REGION_STATE) + SYMM_PROFILE_OFFSET,
                              sizeof phases));

@@ -274,8 +274,8 @@ static symm_status connect_peers(symm_variant *v)
 
 symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream)
 {
-    SYMM_TRY(symm_variant_nccl_failure(v, "stats_read"));
-    return wait_work(v, stream, true, "the stream's work (stats_read)");
+    SYMM_TRY(symm_variant_nccl_failure(v, "a read of the stream's results"));
+    return wait_work(v, stream, true, "the stream's work (stats_read or profile_read)");
 }
 
 symm_status symm_variant_nccl_quiesce(symm_variant *v)
