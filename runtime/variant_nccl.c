@@ -286,30 +286,32 @@ symm_status symm_variant_nccl_quiesce(symm_variant *v)
     return wait_work(v, NULL, false, "the last call's work");
 }
 
+/* One of the backend's kernels that take a warp a row, over rows rows. */
+static symm_status launch_warp_rows(CUfunction fn, int64_t rows, void **params, CUstream stream, const char *what)
+{
+    const symm_cuda_api *cu;
+    SYMM_TRY(symm_cuda(&cu));
+    enum { WARPS = 8 };
+    return symm_cuda_check(
+        cu->cuLaunchKernel(fn, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream, params, NULL), what);
+}
+
 /* symm_nccl_scatter: stage row i < rows to COMBINE_IN slot slot[i] (-1:
- * none), a warp a row. */
+ * none). */
 static symm_status launch_scatter(const symm_variant *v, CUdeviceptr stage, CUdeviceptr slot, int64_t rows,
                                   CUdeviceptr combine_in, CUstream stream)
 {
-    const symm_cuda_api *cu;
-    SYMM_TRY(symm_cuda(&cu));
     if (rows <= 0)
         return SYMM_OK;
-    enum { WARPS = 8 };
     void *params[] = {&stage, &slot, &rows, &combine_in};
-    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_scatter, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1,
-                                              1, 0, stream, params, NULL),
-                           "launch of symm_nccl_scatter");
+    return launch_warp_rows(v->fn_nccl_scatter, rows, params, stream, "launch of symm_nccl_scatter");
 }
 
 /* Layout expert: the peers' rows from the receive stage to their rows
- * (symm_nccl_unstage), a warp a row. */
+ * (symm_nccl_unstage). */
 static symm_status launch_unstage(const symm_variant *v, const symm_recv_buffers *rb, CUstream stream)
 {
     const struct symm_variant_nccl *n = v->nccl;
-    const symm_cuda_api *cu;
-    SYMM_TRY(symm_cuda(&cu));
-    enum { WARPS = 8 };
     CUdeviceptr stage_x = n->d_rstage_x, stage_scales = n->d_rstage_scales, stage_src = n->d_rstage_src;
     CUdeviceptr stage_weights = n->d_rstage_weights, chunks = n->d_unstage;
     CUdeviceptr recv_x = rb->x, recv_scales = rb->scales, recv_src = rb->src, recv_weights = rb->weights;
@@ -317,9 +319,7 @@ static symm_status launch_unstage(const symm_variant *v, const symm_recv_buffers
     int64_t rows = n->plan.stage_rows;
     void *params[] = {&stage_x, &stage_scales, &stage_src, &stage_weights, &chunks, &m, &rows,
                       &recv_x, &recv_scales, &recv_src, &recv_weights};
-    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_unstage, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1,
-                                              1, 0, stream, params, NULL),
-                           "launch of symm_nccl_unstage");
+    return launch_warp_rows(v->fn_nccl_unstage, rows, params, stream, "launch of symm_nccl_unstage");
 }
 
 /* Layout expert's combine: the rows of y that go back to the peers into the
@@ -327,16 +327,11 @@ static symm_status launch_unstage(const symm_variant *v, const symm_recv_buffers
 static symm_status launch_restage(const symm_variant *v, const void *y, CUstream stream)
 {
     const struct symm_variant_nccl *n = v->nccl;
-    const symm_cuda_api *cu;
-    SYMM_TRY(symm_cuda(&cu));
-    enum { WARPS = 8 };
     CUdeviceptr ys = (CUdeviceptr)y, chunks = n->d_unstage, stage = n->d_rstage_x;
     int m = n->n_unstage;
     int64_t rows = n->plan.stage_rows;
     void *params[] = {&ys, &chunks, &m, &rows, &stage};
-    return symm_cuda_check(cu->cuLaunchKernel(v->fn_nccl_restage, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1,
-                                              1, 0, stream, params, NULL),
-                           "launch of symm_nccl_restage");
+    return launch_warp_rows(v->fn_nccl_restage, rows, params, stream, "launch of symm_nccl_restage");
 }
 
 /* One send/receive per array per run with a peer, in one NCCL group (this
@@ -466,13 +461,11 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
                                    1, 1, 0, stream, params, NULL));
     }
     if (plan->packed > 0) {
-        enum { WARPS = 8 };
         CUdeviceptr x = (CUdeviceptr)a->x, scales = (CUdeviceptr)a->x_scales;
         int64_t rows = plan->packed, self_first = plan->self_first, self_rows = plan->self_rows;
         void *params[] = {&x, &scales, &n->d_send_index, &rows, &self_first, &self_rows, &n->d_self_dst,
                           &n->d_send_x, &n->d_send_scales, &rb.x, &rb.scales};
-        SYMM_CU(cu, cuLaunchKernel(v->fn_nccl_gather, symm_vhost_grid(rows, WARPS), 1, 1, WARPS * 32, 1, 1, 0, stream,
-                                   params, NULL));
+        SYMM_TRY(launch_warp_rows(v->fn_nccl_gather, rows, params, stream, "launch of symm_nccl_gather"));
     }
     SYMM_TRY(exchange_rows(v, &rb, stream));
     if (plan->stage_rows > 0)
