@@ -17,10 +17,13 @@
 #endif
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "symm_ref.h"
@@ -433,45 +436,52 @@ symm_status symm_ref_dispatch(const symm_ref_config *cfg, const symm_ref_input *
 
 /* ---- combine ------------------------------------------------------------- */
 
+/* A row of y (or out) as floats; the element loads go through memcpy, as
+ * the caller's buffers need not be aligned. The dtype is chosen once a row. */
 static void load_row(const void *base, int64_t row, int hidden, symm_dtype dtype, float *dst)
 {
-    size_t first = (size_t)row * (size_t)hidden;
-    for (int h = 0; h < hidden; h++) {
-        uint16_t half;
-        switch (dtype) {
-        case SYMM_DTYPE_BF16:
-            memcpy(&half, (const uint16_t *)base + first + h, sizeof half);
+    const size_t first = (size_t)row * (size_t)hidden;
+    const uint16_t *halves = (const uint16_t *)base + first;
+    uint16_t half;
+    switch (dtype) {
+    case SYMM_DTYPE_BF16:
+        for (int h = 0; h < hidden; h++) {
+            memcpy(&half, halves + h, sizeof half);
             dst[h] = symm_bf16_to_f32(half);
-            break;
-        case SYMM_DTYPE_FP16:
-            memcpy(&half, (const uint16_t *)base + first + h, sizeof half);
-            dst[h] = symm_f16_to_f32(half);
-            break;
-        default:
-            memcpy(&dst[h], (const float *)base + first + h, sizeof(float));
-            break;
         }
+        break;
+    case SYMM_DTYPE_FP16:
+        for (int h = 0; h < hidden; h++) {
+            memcpy(&half, halves + h, sizeof half);
+            dst[h] = symm_f16_to_f32(half);
+        }
+        break;
+    default:
+        memcpy(dst, (const float *)base + first, (size_t)hidden * sizeof(float));
+        break;
     }
 }
 
 static void store_row(void *base, int t, int hidden, symm_dtype dtype, const float *acc)
 {
-    size_t first = (size_t)t * (size_t)hidden;
-    for (int h = 0; h < hidden; h++) {
-        uint16_t half;
-        switch (dtype) {
-        case SYMM_DTYPE_BF16:
+    const size_t first = (size_t)t * (size_t)hidden;
+    uint16_t *halves = (uint16_t *)base + first, half;
+    switch (dtype) {
+    case SYMM_DTYPE_BF16:
+        for (int h = 0; h < hidden; h++) {
             half = symm_f32_to_bf16(acc[h]);
-            memcpy((uint16_t *)base + first + h, &half, sizeof half);
-            break;
-        case SYMM_DTYPE_FP16:
-            half = symm_f32_to_f16(acc[h]);
-            memcpy((uint16_t *)base + first + h, &half, sizeof half);
-            break;
-        default:
-            memcpy((float *)base + first + h, &acc[h], sizeof(float));
-            break;
+            memcpy(halves + h, &half, sizeof half);
         }
+        break;
+    case SYMM_DTYPE_FP16:
+        for (int h = 0; h < hidden; h++) {
+            half = symm_f32_to_f16(acc[h]);
+            memcpy(halves + h, &half, sizeof half);
+        }
+        break;
+    default:
+        memcpy((float *)base + first, acc, (size_t)hidden * sizeof(float));
+        break;
     }
 }
 
@@ -630,29 +640,105 @@ static symm_status check_combine(const char *fn, const plan *pl, const symm_ref_
     return SYMM_OK;
 }
 
+/* Combine's tokens, routed first (route_token hands out rows in token
+ * order, so it runs once, in order) and then summed on several threads:
+ * every token's sum is its own arithmetic, in the contract's order, into its
+ * own out row, so the result is the same bits whatever the threads. */
+typedef struct combine_work {
+    const plan *pl;
+    const symm_ref_input *in;
+    const void *const *y;
+    void *const *out;
+    int64_t items;        /* tokens of the whole world */
+    const int32_t *src;   /* [items][3]: source rank, token, copies */
+    const dest *dests;    /* [items][topk] */
+    atomic_llong next;    /* the first item not yet taken */
+} combine_work;
+
+enum { COMBINE_BATCH = 8, COMBINE_MAX_THREADS = 16 };
+
+static void *combine_items(void *arg)
+{
+    combine_work *w = arg;
+    const symm_ref_config *c = w->pl->cfg;
+    const size_t H = (size_t)c->hidden;
+    float *acc = malloc(4 * H * sizeof *acc);
+    if (!acc)
+        return NULL; /* the other threads take its share */
+    for (;;) {
+        const int64_t first = atomic_fetch_add(&w->next, COMBINE_BATCH);
+        if (first >= w->items)
+            break;
+        const int64_t last = first + COMBINE_BATCH < w->items ? first + COMBINE_BATCH : w->items;
+        for (int64_t i = first; i < last; i++) {
+            const int s = w->src[3 * i], t = w->src[3 * i + 1], n = w->src[3 * i + 2];
+            const dest *d = w->dests + i * c->topk;
+            if (c->hosts >= 2)
+                combine_token_hosts(w->pl, &w->in[s], t, d, n, w->y, acc, acc + H, acc + 2 * H, acc + 3 * H);
+            else
+                combine_token(w->pl, &w->in[s], t, d, n, w->y, acc, acc + H, acc + 2 * H);
+            store_row(w->out[s], t, c->hidden, c->combine_dtype, acc);
+        }
+    }
+    free(acc);
+    return NULL;
+}
+
+/* Threads for n multiply-adds: one a 4 Mi of them, at most the online CPUs
+ * and COMBINE_MAX_THREADS. */
+static int combine_threads(double n)
+{
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    const double by_work = n / (double)(1 << 22) + 1.0;
+    int threads = by_work < COMBINE_MAX_THREADS ? (int)by_work : COMBINE_MAX_THREADS;
+    if (cpus >= 1 && threads > cpus)
+        threads = (int)cpus;
+    return threads < 1 ? 1 : threads;
+}
+
 static symm_status combine_all(plan *pl, const symm_ref_input *in, const void *const *y,
                                void *const *out)
 {
     const symm_ref_config *c = pl->cfg;
-    float *acc = malloc(4 * (size_t)c->hidden * sizeof *acc);
-    if (!acc)
-        return symm_fail(SYMM_ERR_NOMEM, "symm_ref_combine: cannot allocate %d floats",
-                         4 * c->hidden);
-    dest d[SYMM_REF_MAX_TOPK];
-    for (int i = 0; i < c->world; i++) {
-        const int s = source_at(c, i);
-        for (int t = 0; t < in[s].tokens; t++) {
+    int64_t items = 0;
+    for (int s = 0; s < c->world; s++)
+        items += in[s].tokens;
+    int32_t *src = malloc((size_t)(items > 0 ? items : 1) * 3 * sizeof *src);
+    dest *dests = malloc((size_t)(items > 0 ? items : 1) * (size_t)c->topk * sizeof *dests);
+    if (!src || !dests) {
+        free(src);
+        free(dests);
+        return symm_fail(SYMM_ERR_NOMEM, "symm_ref_combine: cannot allocate the routes of %lld tokens",
+                         (long long)items);
+    }
+    int64_t i = 0;
+    for (int r = 0; r < c->world; r++) {
+        const int s = source_at(c, r);
+        for (int t = 0; t < in[s].tokens; t++, i++) {
             const int32_t *row = topk_row(&in[s], t, c->topk);
-            int n = route_token(pl, row, valid_mask(row, c->topk, c->experts), d);
-            if (c->hosts >= 2)
-                combine_token_hosts(pl, &in[s], t, d, n, y, acc, acc + c->hidden, acc + 2 * (size_t)c->hidden,
-                                    acc + 3 * (size_t)c->hidden);
-            else
-                combine_token(pl, &in[s], t, d, n, y, acc, acc + c->hidden, acc + 2 * (size_t)c->hidden);
-            store_row(out[s], t, c->hidden, c->combine_dtype, acc);
+            src[3 * i] = s;
+            src[3 * i + 1] = t;
+            src[3 * i + 2] = route_token(pl, row, valid_mask(row, c->topk, c->experts), dests + i * c->topk);
         }
     }
-    free(acc);
+    combine_work w = {.pl = pl, .in = in, .y = y, .out = out, .items = items, .src = src, .dests = dests};
+    atomic_init(&w.next, 0);
+    pthread_t threads[COMBINE_MAX_THREADS];
+    const int wanted = combine_threads((double)items * c->topk * c->hidden);
+    int started = 0;
+    /* This thread works too; a thread that cannot start leaves its share to
+     * the others. */
+    while (started < wanted - 1 && pthread_create(&threads[started], NULL, combine_items, &w) == 0)
+        started++;
+    combine_items(&w);
+    for (int k = 0; k < started; k++)
+        pthread_join(threads[k], NULL);
+    free(src);
+    free(dests);
+    /* A thread that could not allocate its rows took no item; only when
+     * every one of them failed are items left. */
+    if (atomic_load(&w.next) < items)
+        return symm_fail(SYMM_ERR_NOMEM, "symm_ref_combine: cannot allocate %d floats", 4 * c->hidden);
     return SYMM_OK;
 }
 

@@ -180,7 +180,10 @@ symm_status symm_ref_dispatch(const symm_ref_config *cfg, const symm_ref_input *
  * (dispatch reported them). Returns SYMM_ERR_INVALID_ARG for a bad config,
  * a NULL array that is needed, or an in that visibly does not match recv
  * (rows, or layout expert's segment offsets and counts, differ from what in
- * routes), SYMM_ERR_NOMEM, or SYMM_OK. */
+ * routes), SYMM_ERR_NOMEM, or SYMM_OK. A large world's tokens are summed on
+ * several threads (one a 4 Mi multiply-adds, at most the online CPUs and
+ * 16), each token's sum whole on one of them: the same bits whatever the
+ * threads. Thread-safe for distinct out arrays. */
 symm_status symm_ref_combine(const symm_ref_config *cfg, const symm_ref_input *in,
                              const symm_ref_recv *recv, const void *const *y, void *const *out);
 

@@ -1199,6 +1199,36 @@ Test(properties, every_world_size_layout_and_combine_dtype)
                 }
 }
 
+/* A world large enough that combine sums its tokens on several threads
+ * (runtime/ref.c: a thread a 4 Mi multiply-adds, at most the CPUs and 16)
+ * gives the contract's bits in each form, by the oracle above. */
+Test(properties, large_worlds_summed_on_several_threads_follow_the_contract)
+{
+    static const struct {
+        symm_layout layout;
+        symm_combine_order order;
+    } forms[] = {
+        { SYMM_LAYOUT_RANK, SYMM_COMBINE_ORDER_RANK },
+        { SYMM_LAYOUT_EXPERT, SYMM_COMBINE_ORDER_RANK },
+        { SYMM_LAYOUT_EXPERT, SYMM_COMBINE_ORDER_K },
+    };
+    for (int f = 0; f < 3; f++) {
+        symm_ref_config cfg = random_config();
+        cfg.world = 4;
+        cfg.experts = 32;
+        cfg.topk = 8;
+        cfg.dtype = SYMM_DTYPE_BF16;
+        cfg.combine_dtype = (symm_dtype)rnd(3);
+        cfg.hidden = 1024;
+        cfg.max_tokens = 1000 + rnd(24); /* 4 x 1000 x 8 x 1024: about 8 threads' work */
+        cfg.layout = forms[f].layout;
+        cfg.combine_order = forms[f].order;
+        cfg.align = cfg.layout == SYMM_LAYOUT_EXPERT ? 1 + rnd(4) : 1;
+        cfg.weights = 1;
+        random_world_round(cfg, GEN_PLAIN);
+    }
+}
+
 /* Layout rank, y = recv_x: every token comes back as x * |D(t)|, exactly
  * (small values, so no rounding anywhere). */
 Test(properties, rank_combine_of_recv_x_is_x_times_destination_count)
