@@ -153,6 +153,20 @@ static int runs_of(const symm_nccl_chunk *chunks, int n, int me, bool staged, sy
     return m;
 }
 
+int symm_nccl_unstage_list(const symm_nccl_plan *p, int32_t *list)
+{
+    int m = 0;
+    for (int i = 0; i < p->n_recv; i++) {
+        const symm_nccl_chunk c = p->recv_chunks[i];
+        if (c.peer == p->rank)
+            continue;
+        list[2 * m] = (int32_t)c.stage;
+        list[2 * m + 1] = (int32_t)c.row;
+        m++;
+    }
+    return m;
+}
+
 int64_t symm_nccl_stage_capacity(int world, int64_t max_send, int64_t capacity)
 {
     const int64_t peers = (int64_t)(world - 1) * max_send;

@@ -78,6 +78,12 @@ typedef struct symm_nccl_plan {
  * O(world x bins). */
 void symm_nccl_plan_chunks(symm_nccl_plan *p);
 
+/* Layout expert: the chunk list symm_nccl_unstage and symm_nccl_restage
+ * take, each chunk from a peer as {its first stage row, its first received
+ * row} in list[2 * i], list[2 * i + 1], ascending by stage row; list holds
+ * n_recv pairs. Returns the chunks listed. */
+int symm_nccl_unstage_list(const symm_nccl_plan *p, int32_t *list);
+
 /* The most rows a layout-expert receive stage holds: what the peers can
  * send this rank, below its capacity. */
 int64_t symm_nccl_stage_capacity(int world, int64_t max_send, int64_t capacity);

@@ -428,14 +428,7 @@ static symm_status dispatch_steps(symm_variant *v, const symm_dispatch_args *a, 
                          "(internal error)", me, (long long)plan->stage_rows, (long long)n->stage_cap);
     n->n_unstage = 0;
     if (plan->stage_rows > 0) {
-        for (int i = 0; i < plan->n_recv; i++) {
-            const chunk c = n->recv_chunks[i];
-            if (c.peer == me)
-                continue;
-            n->h_unstage[2 * n->n_unstage] = (int32_t)c.stage;
-            n->h_unstage[2 * n->n_unstage + 1] = (int32_t)c.row;
-            n->n_unstage++;
-        }
+        n->n_unstage = symm_nccl_unstage_list(plan, n->h_unstage);
         SYMM_CU(cu, cuMemcpyHtoDAsync(n->d_unstage, n->h_unstage, (size_t)n->n_unstage * 8, stream));
     }
     st->recv_rows = plan->recv_rows;

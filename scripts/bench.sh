@@ -131,6 +131,11 @@ if [ -f "$gen/bench_dsv3_prefill_pull.cu" ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || jit_rc=1
 fi
 
+# $OUT is set and is not $outdir: the results are copied there.
+out_elsewhere() {
+    [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]
+}
+
 # The stall watchdog (BENCH_STALL_S): a hang leaves its stacks behind.
 stall_s=${BENCH_STALL_S:-120}
 if ! [[ "$stall_s" =~ ^[0-9]+$ ]]; then
@@ -172,7 +177,7 @@ dump_stall() { # $1: seconds without output
         echo
     } >> "$stalls"
     note "no output for $1 s: the ranks' stacks are in $stalls" | tee -a "$log"
-    if [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]; then
+    if out_elsewhere; then
         cp "$stalls" "$log" "$OUT"/ 2>/dev/null
     fi
 }
@@ -264,7 +269,7 @@ fi
 if [ "$results" != none ]; then
     cat "$entry" >> "$results" && note "appended the results to $results"
 fi
-if [ -n "${OUT:-}" ] && [ "$(realpath "$outdir")" != "$(realpath "$OUT")" ]; then
+if out_elsewhere; then
     cp "$log" "$csv" "$entry" "$OUT"/ 2>/dev/null
     [ -f "$stalls" ] && cp "$stalls" "$OUT"/
     note "bench.log, moe_bench.csv and results-entry.md$([ -f "$stalls" ] && echo ', stalls.txt') copied to \$OUT"

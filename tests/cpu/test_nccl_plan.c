@@ -430,14 +430,7 @@ static void one_world(uint64_t seed)
         int32_t *hist = zalloc((size_t)L * 4);
         /* The chunk list symm_nccl_unstage gets (variant_nccl.c). */
         int32_t *unstage = zalloc((size_t)rp->n_recv * 8);
-        int m = 0;
-        for (int i = 0; i < rp->n_recv; i++) {
-            if (rp->recv_chunks[i].peer != p) {
-                unstage[2 * m] = (int32_t)rp->recv_chunks[i].stage;
-                unstage[2 * m + 1] = (int32_t)rp->recv_chunks[i].row;
-                m++;
-            }
-        }
+        const int m = symm_nccl_unstage_list(rp, unstage);
         for (int i = 0; i < rp->n_recv; i++) {
             const symm_nccl_chunk rc = rp->recv_chunks[i];
             const rank_plan *sr = &r[rc.peer];
