@@ -724,7 +724,7 @@ symm_status symm_variant_profile_read(symm_variant *v, CUstream stream, symm_var
     /* The NCCL backend's stream may wait inside NCCL: a bounded wait (see
      * stats_read). The native kernels time out on the device. */
     if (v->nccl)
-        SYMM_TRY(symm_variant_nccl_sync(v, stream));
+        SYMM_TRY(symm_variant_nccl_sync(v, stream, "profile_read"));
     else
         SYMM_CU(cu, cuStreamSynchronize(stream));
     uint64_t phases[SYMM_PROFILE_SLOTS], spans[SYMM_PROFILE_SPAN_SLOTS];
@@ -741,21 +741,6 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
 {
     if (!v)
         return symm_fail(SYMM_ERR_INVALID_ARG, "symm_variant_stats_read: variant is NULL");
-    if (v->backend == SYMM_BACKEND_NCCL) {
-        /* Sticky: an earlier host wait of the NCCL backend timed out or NCCL
-         * failed (the stream may still hold work that waits for a peer, so
-         * nothing here waits for it). */
-        symm_status failed = symm_variant_nccl_failure(v, "stats_read");
-        if (failed != SYMM_OK) {
-            if (stats) {
-                memset(stats, 0, sizeof *stats);
-                stats->timed_out = failed == SYMM_ERR_TIMEOUT;
-                stats->timeout_peer = -1; /* NCCL cannot tell which */
-                stats->mismatch_peer = -1;
-            }
-            return failed;
-        }
-    }
     symm_variant_stats local;
     uint64_t err_seq = 0;
     if (v->hybrid) {
@@ -771,14 +756,15 @@ symm_status symm_variant_stats_read(symm_variant *v, CUstream stream, symm_varia
         SYMM_TRY(symm_cuda(&cu));
         /* The NCCL backend's stream may wait on a peer inside NCCL: its wait
          * is bounded by the variant's timeout (and then sticky) like every
-         * host wait of that backend. */
+         * host wait of that backend, and an earlier failure (sticky) returns
+         * at once, waiting for nothing. */
         if (v->backend == SYMM_BACKEND_NCCL) {
-            symm_status waited = symm_variant_nccl_sync(v, stream);
+            symm_status waited = symm_variant_nccl_sync(v, stream, "stats_read");
             if (waited != SYMM_OK) {
                 if (stats) {
                     memset(stats, 0, sizeof *stats);
                     stats->timed_out = waited == SYMM_ERR_TIMEOUT;
-                    stats->timeout_peer = -1;
+                    stats->timeout_peer = -1; /* NCCL cannot tell which */
                     stats->mismatch_peer = -1;
                 }
                 return waited;

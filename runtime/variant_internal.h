@@ -94,8 +94,10 @@ void symm_variant_nccl_release(symm_variant *v);
  * GPU return, and SYMM_ERR_TIMEOUT comes back. SYMM_OK without the backend. */
 symm_status symm_variant_nccl_quiesce(symm_variant *v);
 /* Wait for stream's work as every host wait of the backend does (polled,
- * bounded by the variant's timeout; a timeout is sticky). */
-symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream);
+ * bounded by the variant's timeout; a timeout is sticky). After an earlier
+ * failure (sticky) it returns that at once, waiting for nothing; op names
+ * the caller in the error (e.g. "stats_read"). */
+symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream, const char *op);
 symm_status symm_variant_nccl_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream);
 symm_status symm_variant_nccl_combine(symm_variant *v, const void *y, void *out, CUstream stream);
 

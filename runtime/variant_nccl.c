@@ -31,6 +31,7 @@
  * SYMM_ERR_TIMEOUT, the communicator is aborted (which releases NCCL's
  * kernels still waiting on this GPU), and every later call fails at once
  * with the same error until the variant is destroyed. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -272,10 +273,12 @@ static symm_status connect_peers(symm_variant *v)
     return st;
 }
 
-symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream)
+symm_status symm_variant_nccl_sync(symm_variant *v, CUstream stream, const char *op)
 {
-    SYMM_TRY(symm_variant_nccl_failure(v, "a read of the stream's results"));
-    return wait_work(v, stream, true, "the stream's work (stats_read or profile_read)");
+    SYMM_TRY(symm_variant_nccl_failure(v, op));
+    char what[96];
+    snprintf(what, sizeof what, "the stream's work (%s)", op);
+    return wait_work(v, stream, true, what);
 }
 
 symm_status symm_variant_nccl_quiesce(symm_variant *v)

@@ -456,13 +456,15 @@ Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .
     check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
 }
 
-/* SUM_PREFETCH (default 1): at 1 every variant compiles to the default's
- * code, and at 0 to other code where it applies: the prefetch before a
- * token's sums in layout rank, the ascending-k order and the parts' sums
+/* SUM_PREFETCH (default 1 for layout expert, 0 for layout rank): at the
+ * default every variant compiles to the default's code, and at the other
+ * value to other code where it applies: the prefetch before a token's sums
+ * in layout rank, the ascending-k order and the parts' sums
  * (PUSH_PARTIALS). */
 Test(tune, the_sum_prefetch_knob_keeps_the_default_and_changes_what_it_applies_to, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 1, NULL, 0, true);
+    check_knob_case("bf16_rank_w2", "SUM_PREFETCH", 0, NULL, 0, true);
+    check_knob_case("bf16_rank_pull_w2", "SUM_PREFETCH", 0, NULL, 0, true);
     check_knob_case("bf16_expert_order_k_w2", "SUM_PREFETCH", 1, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "SUM_PREFETCH", 1, "PUSH_PARTIALS", 1, true);
 }
