@@ -816,7 +816,7 @@ static symm_status guard_inputs(const bench *b, const symm_variant_desc *d, guar
         if (wi->weights[p])
             moe_random_floats(&r, wi->weights[p], (size_t)T * K, 0.0);
         wi->in[p] = (symm_ref_input){T, wi->x[p], wi->scales[p], g->route.idx + (size_t)p * T * K, wi->weights[p]};
-        SYMM_TRY(symm_ref_recv_alloc(&g->cfg, &wi->recv[p]));
+        SYMM_TRY(symm_ref_recv_alloc_lazy(&g->cfg, &wi->recv[p]));
     }
     return SYMM_OK;
 }

@@ -185,34 +185,48 @@ static int recv_arrays(const symm_ref_config *c, symm_ref_recv *r, recv_array ou
     return n;
 }
 
-static symm_status recv_alloc_arrays(const symm_ref_config *c, symm_ref_recv *r)
+/* poison: every byte SYMM_REF_POISON (written now); else zeroed by calloc,
+ * whose large blocks are fresh pages the system zeroes as they are first
+ * touched, so that a worst-case capacity costs only the rows written. */
+static symm_status recv_alloc_arrays(const symm_ref_config *c, symm_ref_recv *r, bool poison, const char *fn)
 {
     recv_array a[7];
     const int n = recv_arrays(c, r, a);
     for (int i = 0; i < n; i++) {
         const size_t bytes = bytes3(a[i].rows, a[i].cols, a[i].elem);
-        *a[i].ptr = bytes ? malloc(bytes) : NULL;
+        *a[i].ptr = !bytes ? NULL : poison ? malloc(bytes) : calloc(1, bytes);
         if (!*a[i].ptr)
-            return symm_fail(SYMM_ERR_NOMEM, "symm_ref_recv_alloc: %s: cannot allocate %lld x %lld x %lld bytes",
-                             a[i].name, (long long)a[i].rows, (long long)a[i].cols, (long long)a[i].elem);
-        memset(*a[i].ptr, SYMM_REF_POISON, bytes);
+            return symm_fail(SYMM_ERR_NOMEM, "%s: %s: cannot allocate %lld x %lld x %lld bytes", fn, a[i].name,
+                             (long long)a[i].rows, (long long)a[i].cols, (long long)a[i].elem);
+        if (poison)
+            memset(*a[i].ptr, SYMM_REF_POISON, bytes);
     }
     return SYMM_OK;
 }
 
-symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r)
+static symm_status recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r, bool poison, const char *fn)
 {
     if (!r)
-        return symm_fail(SYMM_ERR_INVALID_ARG, "symm_ref_recv_alloc: r is NULL");
+        return symm_fail(SYMM_ERR_INVALID_ARG, "%s: r is NULL", fn);
     memset(r, 0, sizeof *r);
     symm_status st = symm_ref_check_config(cfg);
     if (st != SYMM_OK)
-        return symm_fail_context(st, "symm_ref_recv_alloc: ");
+        return symm_fail_context(st, "%s: ", fn);
     r->capacity = symm_ref_capacity(cfg);
-    st = recv_alloc_arrays(cfg, r);
+    st = recv_alloc_arrays(cfg, r, poison, fn);
     if (st != SYMM_OK)
         symm_ref_recv_free(r);
     return st;
+}
+
+symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r)
+{
+    return recv_alloc(cfg, r, true, "symm_ref_recv_alloc");
+}
+
+symm_status symm_ref_recv_alloc_lazy(const symm_ref_config *cfg, symm_ref_recv *r)
+{
+    return recv_alloc(cfg, r, false, "symm_ref_recv_alloc_lazy");
 }
 
 symm_status symm_ref_recv_repoison(const symm_ref_config *cfg, symm_ref_recv *r)

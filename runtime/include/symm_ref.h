@@ -146,6 +146,14 @@ typedef struct symm_ref_send_stats {
  * zeroed: SYMM_ERR_INVALID_ARG (bad cfg) or SYMM_ERR_NOMEM. */
 symm_status symm_ref_recv_alloc(const symm_ref_config *cfg, symm_ref_recv *r);
 
+/* As symm_ref_recv_alloc, but every array zeroed instead of poisoned, and
+ * its pages taken only as they are written: for a caller that reads only
+ * what dispatch writes (rows below rows; layout expert: the segments) and
+ * would otherwise pay for touching the whole worst-case capacity (layout
+ * expert at world 4, T = 4096, hidden 7168, top-8: 1.9 GB a rank, of which
+ * uniform routing writes a quarter). Freed by symm_ref_recv_free. */
+symm_status symm_ref_recv_alloc_lazy(const symm_ref_config *cfg, symm_ref_recv *r);
+
 /* Poison again what a symm_ref_dispatch with cfg may have written into r
  * (its rows below r->rows and the per-expert arrays) and set rows and
  * dropped to 0, so that r is as symm_ref_recv_alloc left it without a new

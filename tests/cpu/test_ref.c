@@ -1631,6 +1631,91 @@ Test(config, recv_alloc_sizes_arrays_for_the_layout_and_poisons_them)
     symm_ref_recv_free(NULL);
 }
 
+static int all_zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i])
+            return 0;
+    return 1;
+}
+
+/* The lazy allocation: the arrays of recv_alloc, zeroed; a dispatch into it
+ * writes exactly what it writes into poisoned buffers (every written row the
+ * same bytes, the counts, offsets, rows and dropped the same) and nothing
+ * else; a bad config is refused as recv_alloc refuses it. */
+Test(config, recv_alloc_lazy_gives_zeroed_arrays_that_dispatch_fills_as_the_poisoned_ones)
+{
+    for (int i = 0; i < 30; i++) {
+        symm_ref_config c = random_config();
+        if (chance(50))
+            c.capacity = 1 + rnd((int)symm_ref_worst_capacity(&c));
+        tworld w;
+        world_make(&w, &c, &GEN_PLAIN, 0);
+        dispatch_and_check(&w);
+        const int64_t cap = symm_ref_capacity(&c);
+        const int L = local_experts(&c), cols = c.layout == SYMM_LAYOUT_RANK ? c.topk : 1;
+        const size_t xrow = x_row_bytes(&c), srow = (size_t)scale_blocks(&c) * 4;
+        symm_ref_recv lazy[MAXW];
+        for (int p = 0; p < c.world; p++) {
+            CHECK(symm_ref_recv_alloc_lazy(&c, &lazy[p]) == SYMM_OK, "lazy alloc: %s", symm_last_error());
+            symm_ref_recv *r = &lazy[p];
+            CHECK(r->capacity == cap && r->rows == 0 && r->dropped == 0, "rank %d: capacity %lld, expected %lld", p,
+                  (long long)r->capacity, (long long)cap);
+            CHECK(all_zero(r->x, (size_t)cap * xrow) && all_zero(r->src, (size_t)cap * 16) &&
+                      all_zero(r->expert_count, (size_t)L * 4) && all_zero(r->expert_offset, (size_t)L * 4),
+                  "rank %d: lazy arrays not zeroed", p);
+            CHECK((r->topk_idx != NULL) == (c.layout == SYMM_LAYOUT_RANK) && (r->weights != NULL) == (c.weights == 1) &&
+                      (r->scales != NULL) == (c.dtype == SYMM_DTYPE_FP8_E4M3),
+                  "rank %d: lazy arrays present where recv_alloc's are not", p);
+        }
+        symm_ref_send_stats stats[MAXW];
+        const symm_status want = symm_ref_dispatch(&c, w.in, w.recv, w.stats);
+        /* Dispatched again into the poisoned buffers above (same inputs, same
+         * result), then into the lazy ones. */
+        const symm_status got = symm_ref_dispatch(&c, w.in, lazy, stats);
+        CHECK(got == want, "lazy dispatch returned %s, the poisoned one %s", symm_status_name(got),
+              symm_status_name(want));
+        for (int p = 0; p < c.world; p++) {
+            const symm_ref_recv *a = &w.recv[p], *b = &lazy[p];
+            CHECK(a->rows == b->rows && a->dropped == b->dropped, "rank %d: rows %lld / %lld, dropped %lld / %lld", p,
+                  (long long)a->rows, (long long)b->rows, (long long)a->dropped, (long long)b->dropped);
+            CHECK(!memcmp(a->expert_count, b->expert_count, (size_t)L * 4) &&
+                      !memcmp(a->expert_offset, b->expert_offset, (size_t)L * 4),
+                  "rank %d: expert counts or offsets differ", p);
+            for (int64_t row = 0; row < cap; row++) {
+                const size_t ri = (size_t)row;
+                if (row < a->rows && row_written(&w, p, row)) {
+                    CHECK(!memcmp((char *)a->x + ri * xrow, (char *)b->x + ri * xrow, xrow) &&
+                              !memcmp(a->src + ri * 4, b->src + ri * 4, 16) &&
+                              (!a->topk_idx || !memcmp(a->topk_idx + ri * c.topk, b->topk_idx + ri * c.topk,
+                                                       (size_t)c.topk * 4)) &&
+                              (!a->weights || !memcmp(a->weights + ri * cols, b->weights + ri * cols, (size_t)cols * 4)) &&
+                              (!a->scales || !memcmp((char *)a->scales + ri * srow, (char *)b->scales + ri * srow, srow)),
+                          "rank %d: row %lld differs between the lazy and the poisoned buffers", p, (long long)row);
+                } else {
+                    CHECK(all_zero((char *)b->x + ri * xrow, xrow) && all_zero(b->src + ri * 4, 16) &&
+                              (!b->topk_idx || all_zero(b->topk_idx + ri * c.topk, (size_t)c.topk * 4)) &&
+                              (!b->weights || all_zero(b->weights + ri * cols, (size_t)cols * 4)) &&
+                              (!b->scales || all_zero((char *)b->scales + ri * srow, srow)),
+                          "rank %d: row %lld, which dispatch does not write, written in the lazy buffers", p,
+                          (long long)row);
+                }
+            }
+            symm_ref_recv_free(&lazy[p]);
+            CHECK(lazy[p].x == NULL && lazy[p].capacity == 0, "free did not clear the lazy recv");
+        }
+        world_free(&w);
+    }
+    symm_ref_config bad = random_config();
+    bad.world = 0;
+    symm_ref_recv r;
+    CHECK(symm_ref_recv_alloc_lazy(&bad, &r) == SYMM_ERR_INVALID_ARG && r.x == NULL &&
+              strstr(symm_last_error(), "symm_ref_recv_alloc_lazy"),
+          "a bad config accepted, or the message does not name the call: %s", symm_last_error());
+    CHECK(symm_ref_recv_alloc_lazy(&bad, NULL) == SYMM_ERR_INVALID_ARG, "NULL recv accepted");
+}
+
 static void expect_rejected(tworld *w, const char *what, const char *needle)
 {
     symm_status st = world_dispatch(w);

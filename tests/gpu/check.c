@@ -290,10 +290,11 @@ typedef struct world_case {
     dev_inputs dev;
     uint64_t seed;
     double *zipf_cdf;
-    /* The reference's receive buffers, allocated once per variant and
-     * poisoned again before each case (symm_ref_recv_repoison): fresh
-     * capacity-sized allocations made the host side the cost of the
-     * matrix, the kernel zeroing pages. */
+    /* The reference's receive buffers, allocated once per variant (lazily:
+     * symm_ref_recv_alloc_lazy) and poisoned again before each case where
+     * the last one wrote (symm_ref_recv_repoison): fresh capacity-sized
+     * allocations made the host side the cost of the matrix, the kernel
+     * zeroing pages. */
     symm_ref_recv pool[SYMM_REF_MAX_WORLD];
     bool pool_ready;
 } world_case;
@@ -337,9 +338,13 @@ static void host_case_build(world_case *wc, host_case *hc, int case_id, routing 
         hc->ref_in[p] = (symm_ref_input){hc->in[p].tokens, hc->in[p].x, hc->in[p].scales, hc->in[p].topk,
                                          hc->in[p].weights};
         if (!wc->pool_ready) {
-            symm_status st = symm_ref_recv_alloc(&cfg, &wc->pool[p]);
+            /* Zeroed, its pages taken as dispatch writes them: the
+             * worst-case capacity of a prefill-sized layout-expert variant
+             * is about four times the rows that arrive (nothing here reads
+             * past what dispatch wrote). */
+            symm_status st = symm_ref_recv_alloc_lazy(&cfg, &wc->pool[p]);
             if (st != SYMM_OK)
-                die("symm_ref_recv_alloc", st);
+                die("symm_ref_recv_alloc_lazy", st);
         } else {
             symm_status st = symm_ref_recv_repoison(&cfg, &wc->pool[p]);
             if (st != SYMM_OK)
