@@ -7,7 +7,8 @@
 #     (world 1 too: the companions of spec field hosts, native only):
 #     one rank per GPU where the GPUs suffice (native and NCCL backend), else
 #     several ranks per GPU (time-sliced: correctness only, the quick matrix;
-#     the NCCL backend too at worlds up to NCCL_SHARED_MAX, default 4, through
+#     the NCCL backend too at worlds up to NCCL_SHARED_MAX, by default 4 or
+#     two ranks a GPU where that is more (world 8 on 4 GPUs), through
 #     symmrun --nccl-shared-gpu: NCCL over loopback sockets;
 #     a variant above 2^22 elements per rank's input runs again from the
 #     same spec generated with max_tokens = 128, every other field kept, so
@@ -50,6 +51,9 @@ done
 for w in $worlds; do
     [[ "$w" =~ ^[1-8]$ ]] || { echo "test-gpu: SYMM_TEST_WORLDS: $w is not a world of 1 to 8 ranks"; exit 2; }
 done
+case ${NCCL_SHARED_MAX-1} in
+'' | *[!0-9]*) echo "test-gpu: NCCL_SHARED_MAX: expected a world (a whole number of ranks), got '$NCCL_SHARED_MAX'"; exit 2 ;;
+esac
 part() { [[ "$parts" == *" $1 "* ]]; }
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "test-gpu: skipped: no GPU"
@@ -57,6 +61,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 ngpu=$(gpu_count)
 gpus=$(seq -s, 0 $((ngpu - 1)))
+nccl_shared_max=${NCCL_SHARED_MAX:-$((2 * ngpu > 4 ? 2 * ngpu : 4))}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export SYMM_CACHE_DIR=${SYMM_CACHE_DIR:-$build/jit-cache}
 run=$build/bin/symmrun
@@ -185,7 +190,7 @@ for spec in $specs; do
             native_check "$w" "check $name world $w native, max_tokens $SMALL_TOKENS" \
                 --manifest "$small/manifest.json" --quick
             rm -f "$native_log"
-            if [ "$w" -le "${NCCL_SHARED_MAX:-4}" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+            if [ "$w" -le "$nccl_shared_max" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
                 note "$name: world $w, the same with the nccl backend, symmrun --nccl-shared-gpu"
                 $run -n "$w" --gpus "$gpus" --nccl-shared-gpu -- "$build/tests-gpu/check" \
                     --manifest "$small/manifest.json" --backend nccl --quick "${large[@]}"
@@ -198,7 +203,7 @@ for spec in $specs; do
             note "$name: world $w, nccl backend"
             $run -n "$w" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$out/manifest.json" --backend nccl
             record $? "check $name world $w nccl"
-        elif [ "$w" -le "${NCCL_SHARED_MAX:-4}" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
+        elif [ "$w" -le "$nccl_shared_max" ] && [ -z "${SYMM_SKIP_NCCL:-}" ]; then
             # The quick matrix, the large variants at max_tokens 128 (above).
             note "$name: world $w on $ngpu GPU(s), nccl backend, symmrun --nccl-shared-gpu ${extra[*]}"
             $run -n "$w" --gpus "$gpus" --nccl-shared-gpu -- "$build/tests-gpu/check" --manifest "$out/manifest.json" \

@@ -152,6 +152,8 @@ Test(test_gpu, refuses_unknown_parts_and_worlds_naming_what_it_takes)
         {"SYMM_TEST_WORLDS=2,9", "SYMM_TEST_WORLDS: 9 is not a world of 1 to 8 ranks"},
         {"SYMM_TEST_WORLDS=0", "SYMM_TEST_WORLDS: 0 is not a world of 1 to 8 ranks"},
         {"SYMM_TEST_WORLDS=four", "SYMM_TEST_WORLDS: four is not a world of 1 to 8 ranks"},
+        {"NCCL_SHARED_MAX=eight", "NCCL_SHARED_MAX: expected a world (a whole number of ranks), got 'eight'"},
+        {"NCCL_SHARED_MAX=", "NCCL_SHARED_MAX: expected a world (a whole number of ranks), got ''"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char command[256], out[1024];
