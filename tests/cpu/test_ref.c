@@ -1640,6 +1640,18 @@ static int all_zero(const void *p, size_t n)
     return 1;
 }
 
+/* A random world (half the time with a random capacity), dispatched into
+ * fresh poisoned buffers and checked against the contract; its config. */
+static symm_ref_config dispatched_random_world(tworld *w)
+{
+    symm_ref_config c = random_config();
+    if (chance(50))
+        c.capacity = 1 + rnd((int)symm_ref_worst_capacity(&c));
+    world_make(w, &c, &GEN_PLAIN, 0);
+    dispatch_and_check(w);
+    return c;
+}
+
 /* The lazy allocation: the arrays of recv_alloc, zeroed; a dispatch into it
  * writes exactly what it writes into poisoned buffers (every written row the
  * same bytes, the counts, offsets, rows and dropped the same) and nothing
@@ -1647,12 +1659,8 @@ static int all_zero(const void *p, size_t n)
 Test(config, recv_alloc_lazy_gives_zeroed_arrays_that_dispatch_fills_as_the_poisoned_ones)
 {
     for (int i = 0; i < 30; i++) {
-        symm_ref_config c = random_config();
-        if (chance(50))
-            c.capacity = 1 + rnd((int)symm_ref_worst_capacity(&c));
         tworld w;
-        world_make(&w, &c, &GEN_PLAIN, 0);
-        dispatch_and_check(&w);
+        const symm_ref_config c = dispatched_random_world(&w);
         const int64_t cap = symm_ref_capacity(&c);
         const int L = local_experts(&c), cols = c.layout == SYMM_LAYOUT_RANK ? c.topk : 1;
         const size_t xrow = x_row_bytes(&c), srow = (size_t)scale_blocks(&c) * 4;
@@ -1742,12 +1750,8 @@ static void check_nothing_written(const tworld *w)
 Test(config, recv_repoison_restores_the_fresh_buffers_for_another_dispatch)
 {
     for (int i = 0; i < 30; i++) {
-        symm_ref_config c = random_config();
-        if (chance(50))
-            c.capacity = 1 + rnd((int)symm_ref_worst_capacity(&c));
         tworld w;
-        world_make(&w, &c, &GEN_PLAIN, 0);
-        dispatch_and_check(&w);
+        const symm_ref_config c = dispatched_random_world(&w);
         for (int p = 0; p < c.world; p++) {
             CHECK(symm_ref_recv_repoison(&c, &w.recv[p]) == SYMM_OK, "repoison: %s", symm_last_error());
             CHECK(w.recv[p].dropped == 0, "rank %d: dropped left at %lld", p, (long long)w.recv[p].dropped);
