@@ -39,6 +39,7 @@
 #include "cuda_api.h"
 #include "moe_inputs.h"
 #include "nccl_api.h"
+#include "par_ranks.h"
 #include "symm_heap.h"
 #include "symm_manifest.h"
 #include "symm_nccl.h"
@@ -790,10 +791,81 @@ static void world_inputs_free(world_inputs *wi, int world, int keep)
     free(wi->weights);
 }
 
+/* guard_inputs' and guard_build's work for one rank, run for the ranks on
+ * several threads (par_ranks.h): each rank's arrays are its own, drawn from
+ * its own stream, so the bytes are those of a loop over the ranks. */
+typedef struct guard_fill {
+    const bench *b;
+    const symm_variant_desc *d;
+    guard *g;
+    world_inputs *wi;
+    symm_status st[SYMM_REF_MAX_WORLD];
+    /* The first failure's rank and message (symm_last_error is the
+     * failing thread's own). */
+    atomic_int failed;
+    char why[256];
+} guard_fill;
+
+/* Rank p's status: kept, and the first failure's message copied. */
+static void guard_fill_set(guard_fill *f, int p, symm_status st)
+{
+    f->st[p] = st;
+    int none = -1;
+    if (st != SYMM_OK && atomic_compare_exchange_strong(&f->failed, &none, p))
+        snprintf(f->why, sizeof f->why, "%s", symm_last_error());
+}
+
+static void guard_rank_inputs(void *arg, int p)
+{
+    guard_fill *f = arg;
+    const symm_variant_desc *d = f->d;
+    guard *g = f->g;
+    world_inputs *wi = f->wi;
+    const int T = g->tokens, K = d->topk;
+    const size_t H = (size_t)d->hidden;
+    moe_rng r = moe_rng_for(f->b->seed, shape_key(d), (uint64_t)p + 1);
+    wi->x[p] = malloc((size_t)T * row_bytes(d) + 16);
+    wi->scales[p] = scale_bytes(d) ? malloc((size_t)T * scale_bytes(d) + 16) : NULL;
+    wi->weights[p] = d->weights ? malloc((size_t)T * K * sizeof(float) + 16) : NULL;
+    if (!wi->x[p] || (scale_bytes(d) && !wi->scales[p]) || (d->weights && !wi->weights[p])) {
+        guard_fill_set(f, p, symm_fail(SYMM_ERR_NOMEM, "out of host memory for rank %d's inputs", p));
+        return;
+    }
+    fill_random(&r, d->dtype, wi->x[p], (size_t)T * H);
+    if (wi->scales[p])
+        moe_random_floats(&r, wi->scales[p], (size_t)T * (H / SYMM_FP8_BLOCK), 0.01);
+    if (wi->weights[p])
+        moe_random_floats(&r, wi->weights[p], (size_t)T * K, 0.0);
+    wi->in[p] = (symm_ref_input){T, wi->x[p], wi->scales[p], g->route.idx + (size_t)p * T * K, wi->weights[p]};
+    guard_fill_set(f, p, symm_ref_recv_alloc_lazy(&g->cfg, &wi->recv[p]));
+}
+
+static void guard_rank_y(void *arg, int p)
+{
+    guard_fill *f = arg;
+    const symm_variant_desc *d = f->d;
+    world_inputs *wi = f->wi;
+    const int64_t rows = wi->recv[p].rows;
+    moe_rng r = moe_rng_for(f->b->seed, shape_key(d) ^ 0x5EED, (uint64_t)p + 1);
+    wi->y[p] = malloc((size_t)(rows > 0 ? rows : 1) * crow_bytes(d));
+    wi->out[p] = malloc((size_t)f->g->tokens * crow_bytes(d) + 16);
+    if (!wi->y[p] || !wi->out[p])
+        guard_fill_set(f, p, symm_fail(SYMM_ERR_NOMEM, "out of host memory for rank %d's y", p));
+    else
+        fill_random(&r, d->combine_dtype, wi->y[p], (size_t)rows * d->hidden);
+}
+
+/* The first failure of a par_ranks run, its message raised again on this
+ * thread; SYMM_OK when every rank's work was done. */
+static symm_status guard_fill_status(const guard_fill *f)
+{
+    const int p = atomic_load(&f->failed);
+    return p < 0 ? SYMM_OK : symm_fail(f->st[p], "%s", f->why);
+}
+
 static symm_status guard_inputs(const bench *b, const symm_variant_desc *d, guard *g, world_inputs *wi)
 {
-    const int W = d->world, T = g->tokens, K = d->topk;
-    const size_t H = (size_t)d->hidden;
+    const int W = d->world;
     wi->in = calloc((size_t)W, sizeof *wi->in);
     wi->recv = calloc((size_t)W, sizeof *wi->recv);
     wi->x = calloc((size_t)W, sizeof *wi->x);
@@ -803,22 +875,13 @@ static symm_status guard_inputs(const bench *b, const symm_variant_desc *d, guar
     wi->weights = calloc((size_t)W, sizeof *wi->weights);
     if (!wi->in || !wi->recv || !wi->x || !wi->y || !wi->out || !wi->scales || !wi->weights)
         return symm_fail(SYMM_ERR_NOMEM, "out of host memory");
-    for (int p = 0; p < W; p++) {
-        moe_rng r = moe_rng_for(b->seed, shape_key(d), (uint64_t)p + 1);
-        wi->x[p] = malloc((size_t)T * row_bytes(d) + 16);
-        wi->scales[p] = scale_bytes(d) ? malloc((size_t)T * scale_bytes(d) + 16) : NULL;
-        wi->weights[p] = d->weights ? malloc((size_t)T * K * sizeof(float) + 16) : NULL;
-        if (!wi->x[p] || (scale_bytes(d) && !wi->scales[p]) || (d->weights && !wi->weights[p]))
-            return symm_fail(SYMM_ERR_NOMEM, "out of host memory for rank %d's inputs", p);
-        fill_random(&r, d->dtype, wi->x[p], (size_t)T * H);
-        if (wi->scales[p])
-            moe_random_floats(&r, wi->scales[p], (size_t)T * (H / SYMM_FP8_BLOCK), 0.01);
-        if (wi->weights[p])
-            moe_random_floats(&r, wi->weights[p], (size_t)T * K, 0.0);
-        wi->in[p] = (symm_ref_input){T, wi->x[p], wi->scales[p], g->route.idx + (size_t)p * T * K, wi->weights[p]};
-        SYMM_TRY(symm_ref_recv_alloc_lazy(&g->cfg, &wi->recv[p]));
-    }
-    return SYMM_OK;
+    if (W > SYMM_REF_MAX_WORLD)
+        return symm_fail(SYMM_ERR_INVALID_ARG, "world %d: the CPU reference takes at most %d ranks", W,
+                         SYMM_REF_MAX_WORLD);
+    guard_fill f = {.b = b, .d = d, .g = g, .wi = wi};
+    atomic_init(&f.failed, -1);
+    par_ranks(W, par_ranks_threads(W), guard_rank_inputs, &f);
+    return guard_fill_status(&f);
 }
 
 /* Build this rank's share of the reference for d. */
@@ -834,15 +897,11 @@ static symm_status guard_build(const bench *b, const symm_variant_desc *d, guard
     symm_status st = guard_inputs(b, d, g, &wi);
     if (st == SYMM_OK)
         st = symm_ref_dispatch(&g->cfg, wi.in, wi.recv, NULL);
-    for (int p = 0; st == SYMM_OK && p < W; p++) {
-        const int64_t rows = wi.recv[p].rows;
-        moe_rng r = moe_rng_for(b->seed, shape_key(d) ^ 0x5EED, (uint64_t)p + 1);
-        wi.y[p] = malloc((size_t)(rows > 0 ? rows : 1) * crow_bytes(d));
-        wi.out[p] = malloc((size_t)g->tokens * crow_bytes(d) + 16);
-        if (!wi.y[p] || !wi.out[p])
-            st = symm_fail(SYMM_ERR_NOMEM, "out of host memory for rank %d's y", p);
-        else
-            fill_random(&r, d->combine_dtype, wi.y[p], (size_t)rows * d->hidden);
+    if (st == SYMM_OK) {
+        guard_fill f = {.b = b, .d = d, .g = g, .wi = &wi};
+        atomic_init(&f.failed, -1);
+        par_ranks(W, par_ranks_threads(W), guard_rank_y, &f);
+        st = guard_fill_status(&f);
     }
     if (st == SYMM_OK)
         st = symm_ref_combine(&g->cfg, wi.in, wi.recv, (const void *const *)wi.y, wi.out);

@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "moe_inputs.h"
+#include "par_ranks.h"
 #include "symm_heap.h"
 #include "symm_manifest.h"
 #include "symm_ref.h"
@@ -327,57 +328,88 @@ typedef struct host_case {
     symm_status ref_status;
 } host_case;
 
+/* host_case_build's work for one rank, run for the ranks on several
+ * threads (par_ranks.h): each rank's inputs, receive buffers and y are its
+ * own, drawn from its own stream. */
+typedef struct case_build {
+    world_case *wc;
+    host_case *hc;
+    symm_ref_config cfg;
+    int case_id;
+    routing how;
+    int tokens[SYMM_REF_MAX_WORLD];
+} case_build;
+
+static void build_rank_inputs(void *arg, int p)
+{
+    case_build *b = arg;
+    world_case *wc = b->wc;
+    host_case *hc = b->hc;
+    make_inputs(wc->d, wc->seed, b->case_id, p, b->how, b->tokens[p], wc->zipf_cdf, &hc->in[p]);
+    hc->ref_in[p] = (symm_ref_input){hc->in[p].tokens, hc->in[p].x, hc->in[p].scales, hc->in[p].topk,
+                                     hc->in[p].weights};
+    if (!wc->pool_ready) {
+        /* Zeroed, its pages taken as dispatch writes them: the
+         * worst-case capacity of a prefill-sized layout-expert variant is
+         * about four times the rows that arrive (nothing here reads past
+         * what dispatch wrote). */
+        symm_status st = symm_ref_recv_alloc_lazy(&b->cfg, &wc->pool[p]);
+        if (st != SYMM_OK)
+            die("symm_ref_recv_alloc_lazy", st);
+    } else {
+        symm_status st = symm_ref_recv_repoison(&b->cfg, &wc->pool[p]);
+        if (st != SYMM_OK)
+            die("symm_ref_recv_repoison", st);
+    }
+    hc->recv[p] = wc->pool[p];
+}
+
+static void build_rank_y(void *arg, int p)
+{
+    case_build *b = arg;
+    const symm_variant_desc *d = b->wc->d;
+    host_case *hc = b->hc;
+    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
+    moe_rng yr = moe_rng_for(b->wc->seed, (uint64_t)b->case_id, 1000 + (uint64_t)p);
+    /* Random rows where rows arrived, poison in layout expert's padding
+     * between segments; combine reads neither the padding nor any row at or
+     * past recv_rows (upload poisons the rest of the device's y).
+     * Generating only these keeps layout expert's large aligned capacities
+     * cheap. */
+    const symm_ref_recv *rv = &hc->recv[p];
+    const size_t rows = (size_t)rv->rows;
+    hc->y[p] = malloc(rows * crow + 16);
+    hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
+    if (!hc->y[p] || !hc->out[p])
+        die("malloc of y", SYMM_ERR_NOMEM);
+    if (d->layout == SYMM_LAYOUT_EXPERT) {
+        memset(hc->y[p], POISON, rows * crow);
+        for (int j = 0; j < d->experts / d->world; j++)
+            moe_random_elems(&yr, d->combine_dtype, (char *)hc->y[p] + (size_t)rv->expert_offset[j] * crow,
+                             (size_t)rv->expert_count[j] * (size_t)d->hidden);
+    } else {
+        moe_random_elems(&yr, d->combine_dtype, hc->y[p], rows * (size_t)d->hidden);
+    }
+}
+
 static void host_case_build(world_case *wc, host_case *hc, int case_id, routing how, int batch_kind)
 {
     const symm_variant_desc *d = wc->d;
     const int W = d->world;
-    const symm_ref_config cfg = ref_config(d);
+    case_build b = {.wc = wc, .hc = hc, .cfg = ref_config(d), .case_id = case_id, .how = how};
+    /* The token counts from one stream, in rank order, before the ranks'
+     * own streams run on their threads. */
     moe_rng tr = moe_rng_for(wc->seed, (uint64_t)case_id, 777);
-    for (int p = 0; p < W; p++) {
-        make_inputs(d, wc->seed, case_id, p, how, tokens_for(d, batch_kind, p, &tr), wc->zipf_cdf, &hc->in[p]);
-        hc->ref_in[p] = (symm_ref_input){hc->in[p].tokens, hc->in[p].x, hc->in[p].scales, hc->in[p].topk,
-                                         hc->in[p].weights};
-        if (!wc->pool_ready) {
-            /* Zeroed, its pages taken as dispatch writes them: the
-             * worst-case capacity of a prefill-sized layout-expert variant
-             * is about four times the rows that arrive (nothing here reads
-             * past what dispatch wrote). */
-            symm_status st = symm_ref_recv_alloc_lazy(&cfg, &wc->pool[p]);
-            if (st != SYMM_OK)
-                die("symm_ref_recv_alloc_lazy", st);
-        } else {
-            symm_status st = symm_ref_recv_repoison(&cfg, &wc->pool[p]);
-            if (st != SYMM_OK)
-                die("symm_ref_recv_repoison", st);
-        }
-        hc->recv[p] = wc->pool[p];
-    }
+    for (int p = 0; p < W; p++)
+        b.tokens[p] = tokens_for(d, batch_kind, p, &tr);
+    const int threads = par_ranks_threads(W);
+    par_ranks(W, threads, build_rank_inputs, &b);
     wc->pool_ready = true;
-    hc->ref_status = symm_ref_dispatch(&cfg, hc->ref_in, hc->recv, hc->stats);
+    hc->ref_status = symm_ref_dispatch(&b.cfg, hc->ref_in, hc->recv, hc->stats);
     if (hc->ref_status != SYMM_OK && hc->ref_status != SYMM_ERR_OVERFLOW)
         die("symm_ref_dispatch", hc->ref_status);
-    const size_t crow = (size_t)d->hidden * symm_dtype_size(d->combine_dtype);
-    for (int p = 0; p < W; p++) {
-        moe_rng yr = moe_rng_for(wc->seed, (uint64_t)case_id, 1000 + (uint64_t)p);
-        /* Random rows where rows arrived, poison in layout expert's padding
-         * between segments; combine reads neither the padding nor any row
-         * at or past recv_rows (upload poisons the rest of the device's
-         * y). Generating only these keeps layout expert's large aligned
-         * capacities cheap. */
-        const symm_ref_recv *rv = &hc->recv[p];
-        const size_t rows = (size_t)rv->rows;
-        hc->y[p] = malloc(rows * crow + 16);
-        if (d->layout == SYMM_LAYOUT_EXPERT) {
-            memset(hc->y[p], POISON, rows * crow);
-            for (int j = 0; j < d->experts / d->world; j++)
-                moe_random_elems(&yr, d->combine_dtype, (char *)hc->y[p] + (size_t)rv->expert_offset[j] * crow,
-                                 (size_t)rv->expert_count[j] * (size_t)d->hidden);
-        } else {
-            moe_random_elems(&yr, d->combine_dtype, hc->y[p], rows * (size_t)d->hidden);
-        }
-        hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
-    }
-    symm_status st = symm_ref_combine(&cfg, hc->ref_in, hc->recv, (const void *const *)hc->y, hc->out);
+    par_ranks(W, threads, build_rank_y, &b);
+    symm_status st = symm_ref_combine(&b.cfg, hc->ref_in, hc->recv, (const void *const *)hc->y, hc->out);
     if (st != SYMM_OK)
         die("symm_ref_combine", st);
 }
