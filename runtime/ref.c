@@ -17,16 +17,15 @@
 #endif
 
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "symm_ref.h"
+#include "threads.h"
 
 /* ---- routing ------------------------------------------------------------- */
 
@@ -655,7 +654,7 @@ typedef struct combine_work {
     atomic_llong next;    /* the first item not yet taken */
 } combine_work;
 
-enum { COMBINE_BATCH = 8, COMBINE_MAX_THREADS = 16 };
+enum { COMBINE_BATCH = 8 };
 
 static void *combine_items(void *arg)
 {
@@ -685,15 +684,11 @@ static void *combine_items(void *arg)
 }
 
 /* Threads for n multiply-adds: one a 4 Mi of them, at most the online CPUs
- * and COMBINE_MAX_THREADS. */
+ * and SYMM_MAX_THREADS. */
 static int combine_threads(double n)
 {
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     const double by_work = n / (double)(1 << 22) + 1.0;
-    int threads = by_work < COMBINE_MAX_THREADS ? (int)by_work : COMBINE_MAX_THREADS;
-    if (cpus >= 1 && threads > cpus)
-        threads = (int)cpus;
-    return threads < 1 ? 1 : threads;
+    return symm_threads_for(by_work < SYMM_MAX_THREADS ? (int64_t)by_work : SYMM_MAX_THREADS);
 }
 
 static symm_status combine_all(plan *pl, const symm_ref_input *in, const void *const *y,
@@ -723,16 +718,9 @@ static symm_status combine_all(plan *pl, const symm_ref_input *in, const void *c
     }
     combine_work w = {.pl = pl, .in = in, .y = y, .out = out, .items = items, .src = src, .dests = dests};
     atomic_init(&w.next, 0);
-    pthread_t threads[COMBINE_MAX_THREADS];
-    const int wanted = combine_threads((double)items * c->topk * c->hidden);
-    int started = 0;
     /* This thread works too; a thread that cannot start leaves its share to
      * the others. */
-    while (started < wanted - 1 && pthread_create(&threads[started], NULL, combine_items, &w) == 0)
-        started++;
-    combine_items(&w);
-    for (int k = 0; k < started; k++)
-        pthread_join(threads[k], NULL);
+    symm_run_threads(combine_threads((double)items * c->topk * c->hidden), combine_items, &w);
     free(src);
     free(dests);
     /* A thread that could not allocate its rows took no item; only when

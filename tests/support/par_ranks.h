@@ -11,9 +11,9 @@
 #ifndef SYMM_TESTS_PAR_RANKS_H
 #define SYMM_TESTS_PAR_RANKS_H
 
-#include <pthread.h>
 #include <stdatomic.h>
-#include <unistd.h>
+
+#include "threads.h"
 
 typedef void (*par_rank_fn)(void *ctx, int p);
 
@@ -35,32 +35,18 @@ static void *par_ranks_worker(void *arg)
     }
 }
 
-/* Threads for n ranks: one a rank, at most the online CPUs and 16. */
+/* Threads for n ranks: one a rank, at most the online CPUs and
+ * SYMM_MAX_THREADS (runtime/threads.h). */
 static inline int par_ranks_threads(int n)
 {
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int t = n < 16 ? n : 16;
-    if (cpus >= 1 && t > cpus)
-        t = (int)cpus;
-    return t < 1 ? 1 : t;
+    return symm_threads_for(n);
 }
 
 static inline void par_ranks(int n, int threads, par_rank_fn fn, void *ctx)
 {
-    enum { MAX_THREADS = 16 };
     par_ranks_job job = {.fn = fn, .ctx = ctx, .n = n};
     atomic_init(&job.next, 0);
-    pthread_t t[MAX_THREADS];
-    int started = 0;
-    if (threads > MAX_THREADS)
-        threads = MAX_THREADS;
-    if (threads > n)
-        threads = n;
-    while (started < threads - 1 && pthread_create(&t[started], NULL, par_ranks_worker, &job) == 0)
-        started++;
-    par_ranks_worker(&job);
-    for (int i = 0; i < started; i++)
-        pthread_join(t[i], NULL);
+    symm_run_threads(threads < n ? threads : n, par_ranks_worker, &job);
 }
 
 #endif
