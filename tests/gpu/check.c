@@ -380,8 +380,10 @@ static void build_rank_y(void *arg, int p)
     const size_t rows = (size_t)rv->rows;
     hc->y[p] = malloc(rows * crow + 16);
     hc->out[p] = malloc((size_t)hc->in[p].tokens * crow + 16);
-    if (!hc->y[p] || !hc->out[p])
-        die("malloc of y", SYMM_ERR_NOMEM);
+    if (!hc->y[p] || !hc->out[p]) {
+        fprintf(stderr, "check: rank %d: out of host memory for y (%zu rows) and out\n", p, rows);
+        exit(2);
+    }
     if (d->layout == SYMM_LAYOUT_EXPERT) {
         memset(hc->y[p], POISON, rows * crow);
         for (int j = 0; j < d->experts / d->world; j++)
