@@ -39,7 +39,7 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"PART_FLAT", 0, 1}, {"ROW_AHEAD", 0, 1},
+    {"PART_FLAT", 0, 1}, {"ROW_AHEAD", 0, 1}, {"PUSH_SLOTS", 1, 4},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -492,6 +492,48 @@ Test(tune, the_row_ahead_knob_changes_dispatch_with_two_slots, .init = gen_setup
     check_knob_case("fp8_rank_w2", "ROW_AHEAD", 0, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "ROW_AHEAD", 0, "BULK_SLOTS", 2, true);
     check_knob_case("bf16_expert_w2", "ROW_AHEAD", 0, NULL, 0, false);
+}
+
+/* PUSH_SLOTS (BULK_SLOTS unless set): at BULK_SLOTS's value every variant
+ * compiles to the default's code (2 for layout rank, 1 for layout expert);
+ * other values change the code of combines that push whole rows, and not
+ * layout expert's with PUSH_PARTIALS (its staging follows BULK_SLOTS and
+ * PARTIAL_SLOTS) or PARTIAL_GRID, nor a pulling combine (no staging). */
+static void check_push_slots(const char *name, int push_partials, int slots, bool same_as_default)
+{
+    char *src = read_variant(name);
+    int value[N_KNOBS];
+    for (int k = 0; k < N_KNOBS; k++)
+        value[k] = NOT_GIVEN;
+    if (push_partials >= 0)
+        value[knob_index("PUSH_PARTIALS")] = push_partials;
+    if (push_partials == 0)
+        value[knob_index("PARTIAL_GRID")] = 0; /* rows pushed whole (the grid's parts have no staging) */
+    symm_jit_result base, tuned;
+    cr_assert_eq(compile_tuned(name, src, value, &base), SYMM_OK, "%s: %s", name, symm_last_error());
+    value[knob_index("PUSH_SLOTS")] = slots;
+    cr_assert_eq(compile_tuned(name, src, value, &tuned), SYMM_OK, "%s: %s", name, symm_last_error());
+    cr_assert_str_eq(tuned.log, "", "%s, PUSH_SLOTS=%d: NVRTC warns: %s", name, slots, tuned.log);
+    if (same_as_default)
+        cr_assert(same_code(&tuned, &base), "%s (PUSH_PARTIALS %d): PUSH_SLOTS=%d is not the default's code", name,
+                  push_partials, slots);
+    else
+        cr_assert(!same_code(&tuned, &base), "%s (PUSH_PARTIALS %d): PUSH_SLOTS=%d gives the default's code", name,
+                  push_partials, slots);
+    symm_jit_result_free(&base);
+    symm_jit_result_free(&tuned);
+    free(src);
+}
+
+Test(tune, push_slots_default_is_bulk_slots_and_applies_to_whole_rows, .init = gen_setup, .fini = gen_teardown)
+{
+    check_push_slots("bf16_rank_w2", -1, 2, true);
+    check_push_slots("bf16_rank_w2", -1, 3, false);
+    check_push_slots("bf16_expert_w2", 0, 1, true);
+    check_push_slots("bf16_expert_w2", 0, 3, false);
+    check_push_slots("bf16_expert_w2", 1, 3, true);
+    check_push_slots("bf16_expert_w2", -1, 3, true); /* PARTIAL_GRID, the default at max_tokens 512 */
+    check_push_slots("bf16_rank_pull_w2", -1, 3, true);
 }
 
 /* PART_BATCH (8 unless set, whatever PUSH_BATCH is): with PUSH_PARTIALS,
