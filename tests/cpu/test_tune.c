@@ -173,6 +173,17 @@ static void gen_setup(void)
     cr_assert_eq(system(cmd), 0, "%s failed (run from the repository root, after the build)", cmd);
 }
 
+/* gen_setup, and specs/bench.lua's variants in work/bench (read them as
+ * "bench/<name>"): the prefill shapes default.lua does not have. */
+static void gen_setup_bench(void)
+{
+    gen_setup();
+    const char *build = getenv("SYMM_BUILD_DIR");
+    char cmd[PATH_MAX + 200];
+    FMT(cmd, "%s/bin/symmgen -q -o %s/bench specs/bench.lua", build ? build : "build", work);
+    cr_assert_eq(system(cmd), 0, "%s failed (run from the repository root, after the build)", cmd);
+}
+
 static void gen_teardown(void)
 {
     wf_rmtree(work);
@@ -494,11 +505,12 @@ Test(tune, the_row_ahead_knob_changes_dispatch_with_two_slots, .init = gen_setup
     check_knob_case("bf16_expert_w2", "ROW_AHEAD", 0, NULL, 0, false);
 }
 
-/* PUSH_SLOTS (BULK_SLOTS unless set): at BULK_SLOTS's value every variant
- * compiles to the default's code (2 for layout rank, 1 for layout expert);
- * other values change the code of combines that push whole rows, and not
- * layout expert's with PUSH_PARTIALS (its staging follows BULK_SLOTS and
- * PARTIAL_SLOTS) or PARTIAL_GRID, nor a pulling combine (no staging). */
+/* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
+ * above max_tokens 512 where a row fits three slots whole, else BULK_SLOTS): at its default
+ * every variant compiles to the default's code; other values change the
+ * code of combines that push whole rows, and not layout expert's with
+ * PUSH_PARTIALS (its staging follows BULK_SLOTS and PARTIAL_SLOTS) or
+ * PARTIAL_GRID, nor a pulling combine (no staging). */
 static void check_push_slots(const char *name, int push_partials, int slots, bool same_as_default)
 {
     char *src = read_variant(name);
@@ -525,10 +537,15 @@ static void check_push_slots(const char *name, int push_partials, int slots, boo
     free(src);
 }
 
-Test(tune, push_slots_default_is_bulk_slots_and_applies_to_whole_rows, .init = gen_setup, .fini = gen_teardown)
+Test(tune, push_slots_default_and_where_it_applies, .init = gen_setup_bench, .fini = gen_teardown)
 {
-    check_push_slots("bf16_rank_w2", -1, 2, true);
+    check_push_slots("bench/bench_dsv3_prefill", -1, 3, true); /* world 2, 24 SMs, max_tokens 4096 */
+    check_push_slots("bench/bench_dsv3_prefill", -1, 2, false);
+    check_push_slots("bench/bench_dsv3_prefill_sms16", -1, 2, true); /* 16 SMs: BULK_SLOTS */
+    check_push_slots("bench/bench_dsv3_decode", -1, 2, true);        /* max_tokens 128: BULK_SLOTS */
+    check_push_slots("bf16_rank_w2", -1, 2, true);                   /* max_tokens 256 */
     check_push_slots("bf16_rank_w2", -1, 3, false);
+    check_push_slots("bf16_rank_w4", -1, 2, true); /* world 4: BULK_SLOTS */
     check_push_slots("bf16_expert_w2", 0, 1, true);
     check_push_slots("bf16_expert_w2", 0, 3, false);
     check_push_slots("bf16_expert_w2", 1, 3, true);
