@@ -38,7 +38,6 @@ static const struct knob {
     {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid (default 1) */
     {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first (default 1 for layout expert, 0 for layout rank) */
     {"PART_FLAT", 0, 1},    /* combine, PUSH_PARTIALS: 1: a chunk's rows all loaded before they are summed (default 1) */
-    {"ROW_AHEAD", 0, 1},    /* dispatch, BULK_SLOTS >= 2: 1: the next token's first chunk loads while a token's metadata is stored */
     {"PUSH_SLOTS", 1, 4},   /* combine, rows pushed whole (not PUSH_PARTIALS, PARTIAL_GRID): a push warp's staging slots (default 3 or BULK_SLOTS) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");

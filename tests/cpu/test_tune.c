@@ -39,7 +39,7 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"PART_FLAT", 0, 1}, {"ROW_AHEAD", 0, 1}, {"PUSH_SLOTS", 1, 4},
+    {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -491,18 +491,6 @@ Test(tune, the_part_flat_knob_changes_only_the_pushed_parts, .init = gen_setup, 
     check_knob_case("bf16_expert_w2", "PART_FLAT", 1, "PUSH_PARTIALS", 0, false);
     check_knob_case("bf16_rank_w2", "PART_FLAT", 1, NULL, 0, false);
     check_knob_case("bf16_expert_order_k_w2", "PART_FLAT", 1, NULL, 0, false);
-}
-
-/* ROW_AHEAD (default 0): at 0 every variant compiles to the default's code;
- * at 1 it changes dispatch where a warp has two staging slots or more
- * (layout rank by default, layout expert with BULK_SLOTS=2) and nothing
- * with one (layout expert's default). */
-Test(tune, the_row_ahead_knob_changes_dispatch_with_two_slots, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_rank_w2", "ROW_AHEAD", 0, NULL, 0, true);
-    check_knob_case("fp8_rank_w2", "ROW_AHEAD", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "ROW_AHEAD", 0, "BULK_SLOTS", 2, true);
-    check_knob_case("bf16_expert_w2", "ROW_AHEAD", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
