@@ -212,7 +212,13 @@ bench:
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) scripts/bench.sh
 
 # Everything a GPU host runs, built here (the GPU machines have no Lua or Criterion).
+# BUILD/COMMIT: the commit these binaries come from (+dirty for a changed
+# tree), which scripts/device-run.sh names in the bench's RESULTS entry: the
+# device's copy of the checkout may report another commit.
 gpu-build: all $(GPU_TESTS) $(GPU_CHECK) $(BENCH_BINS) $(EXAMPLE)
+	@c=$$(git rev-parse --short HEAD 2>/dev/null) || c=; \
+	if [ -n "$$c" ]; then git diff --quiet HEAD -- 2>/dev/null || c="$$c+dirty"; echo "$$c" > $(BUILD)/COMMIT; \
+	else rm -f $(BUILD)/COMMIT; fi
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/symm $(DESTDIR)$(PREFIX)/lib/pkgconfig

@@ -88,8 +88,10 @@
 #        and 24 set the other way; proxy: on one GPU, both ranks at once
 #        under CUDA MPS, moe_bench --shared-gpu, groups PROXY_GROUPS (a,b,f),
 #        then a profile of a,b)
-# The device's copy of the tree may carry another commit's .git: set
-# BENCH_COMMIT (the commit built here) for the bench step's RESULTS entry.
+# The device's copy of the tree may carry another commit's .git: the bench
+# step's RESULTS entry names BENCH_COMMIT where it is set, else the commit
+# `make gpu-build` wrote into BUILD_DIR/COMMIT where it built (the tree the
+# binaries and kernels come from), else git's answer here.
 # DEVICE_GPUS (optional): use only the first N GPUs, as a machine of N GPUs
 # would (the 2-GPU steps and worlds on a 4-GPU machine, in the same call).
 # RUN_BUDGET (seconds, optional): the whole invocation's time. Each step's
@@ -101,6 +103,10 @@
 # the next invocation, and the killed invocation leaves no logs.
 set -uo pipefail
 build=$1; shift
+if [ -z "${BENCH_COMMIT:-}" ] && [ -s "$build/COMMIT" ]; then
+    BENCH_COMMIT=$(head -c 64 "$build/COMMIT" | tr -cd '0-9a-zA-Z+.-')
+    export BENCH_COMMIT
+fi
 case ${RUN_BUDGET:-} in
 '' | *[!0-9]*) [ -z "${RUN_BUDGET:-}" ] || { echo "device-run: RUN_BUDGET must be whole seconds, got '$RUN_BUDGET'"; exit 2; } ;;
 esac

@@ -273,6 +273,40 @@ Test(device_run, run_budget_cuts_a_step_and_skips_the_next_and_the_logs_come_bac
     wf_rmtree(dir);
 }
 
+/* The commit a bench step's RESULTS entry names (BENCH_COMMIT, which
+ * scripts/bench.sh reads): as given, else BUILD_DIR/COMMIT (what `make
+ * gpu-build` wrote where the binaries were built; only the characters a
+ * commit name has), else unset (bench.sh asks git). On a fake machine whose
+ * symmrun (the probe step's launcher) prints it. */
+Test(device_run, bench_commit_comes_from_the_build_s_commit_file)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[1024], out[8192];
+    fake_machine(dir, 1, "echo commit=${BENCH_COMMIT:-unset} passed"); /* the summary shows a passed line */
+    const struct {
+        const char *file, *given, *want;
+    } cases[] = {{"abc1234+dirty", NULL, "commit=abc1234+dirty"},
+                 {"abc1234", "f00d123", "commit=f00d123"},
+                 {"ab;c 12$(x)34", NULL, "commit=abc12x34"},
+                 {NULL, NULL, "commit=unset"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (cases[c].file)
+            snprintf(command, sizeof command, "printf '%%s\\n' '%s' > %s/build/COMMIT", cases[c].file, dir);
+        else
+            snprintf(command, sizeof command, "rm -f %s/build/COMMIT", dir);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        snprintf(command, sizeof command, "env PATH=%s/path:$PATH %s%s OUT=%s/out scripts/device-run.sh %s/build probe",
+                 dir, cases[c].given ? "BENCH_COMMIT=" : "", cases[c].given ? cases[c].given : "", dir, dir);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        cr_assert(strstr(out, cases[c].want), "COMMIT %s, BENCH_COMMIT %s: want %s in %s",
+                  cases[c].file ? cases[c].file : "(none)", cases[c].given ? cases[c].given : "(unset)", cases[c].want,
+                  out);
+    }
+    wf_rmtree(dir);
+}
+
 /* The spans step: moe_bench --profile=2 --no-nccl on rows PROFILE_GROUPS
  * (default g,a,b), a rank per GPU, the bench spec at the host's world, its
  * log in OUT's spans.log. On a fake machine with 2 and with 4 GPUs, whose
