@@ -157,6 +157,46 @@ Test(tune, bad_items_are_refused_naming_the_item_and_the_knobs)
     }
 }
 
+/* One list of knobs: the runtime's (as its refusal names them: "(knobs:
+ * NAME min..max, ...; items"), this file's, and docs/api.md's table (a row
+ * "| NAME | min..max |" each) name the same knobs with the same ranges, so
+ * that a knob added in one place cannot be missed in another. */
+static int knob_index(const char *name);
+
+Test(tune, the_runtime_this_test_and_the_docs_list_the_same_knobs)
+{
+    symm_tune t;
+    cr_assert_eq(symm_tune_parse("NO_SUCH_KNOB=1", "SYMM_TUNE", &t), SYMM_ERR_INVALID_ARG);
+    const char *msg = symm_last_error();
+    const char *from = strstr(msg, "(knobs: "), *to = from ? strstr(from, "; items") : NULL;
+    cr_assert(from && to, "no knob list in: %s", msg);
+    from += strlen("(knobs: ");
+    char list[1024];
+    cr_assert_lt((size_t)(to - from), sizeof list, "%s", msg);
+    memcpy(list, from, (size_t)(to - from));
+    list[to - from] = '\0';
+    int listed = 0;
+    for (char *save = NULL, *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char name[64];
+        int lo, hi;
+        cr_assert_eq(sscanf(item, " %63[A-Z_] %d..%d", name, &lo, &hi), 3, "\"%s\" in: %s", item, msg);
+        const int k = knob_index(name);
+        cr_assert_eq(knobs[k].min, lo, "%s: the runtime's range %d..%d, this test's %d..%d", name, lo, hi, knobs[k].min,
+                     knobs[k].max);
+        cr_assert_eq(knobs[k].max, hi, "%s: the runtime's range %d..%d, this test's %d..%d", name, lo, hi, knobs[k].min,
+                     knobs[k].max);
+        listed++;
+    }
+    cr_assert_eq(listed, N_KNOBS, "the runtime lists %d knobs, this test %d: %s", listed, N_KNOBS, msg);
+    char *docs = test_slurp("docs/api.md", NULL);
+    for (int k = 0; k < N_KNOBS; k++) {
+        char row[96];
+        FMT(row, "\n| %s | %d..%d |", knobs[k].name, knobs[k].min, knobs[k].max);
+        cr_assert(strstr(docs, row), "docs/api.md has no row \"%s\" in its table of knobs", row + 1);
+    }
+    free(docs);
+}
+
 /* ---- compiling tuned variants -------------------------------------------- */
 
 static char work[64];
