@@ -422,13 +422,14 @@ static int knob_index(const char *name)
 }
 
 /* One variant: with `fixed` (NULL: none) at fixed_value, the knob at its
- * default value compiles to the default's code, and at the other value
- * (0..1 knobs) to other code exactly where it `applies`; NVRTC warns at
- * neither. */
-static void check_knob_case(const char *name, const char *knob, int default_value, const char *fixed, int fixed_value,
-                            bool applies)
+ * default value compiles to the default's code, and at `other` to other
+ * code exactly where it `applies`; NVRTC warns at neither.
+ * check_knob_case: the same for a 0..1 knob, `other` the default's
+ * opposite. */
+static void check_knob_values(const char *name, const char *knob, int default_value, int other, const char *fixed,
+                              int fixed_value, bool applies)
 {
-    const int at = knob_index(knob), fix = fixed ? knob_index(fixed) : -1, other = !default_value;
+    const int at = knob_index(knob), fix = fixed ? knob_index(fixed) : -1;
     char with[64] = "";
     if (fixed)
         FMT(with, " with %s=%d", fixed, fixed_value);
@@ -453,6 +454,12 @@ static void check_knob_case(const char *name, const char *knob, int default_valu
     symm_jit_result_free(&same);
     symm_jit_result_free(&changed);
     free(src);
+}
+
+static void check_knob_case(const char *name, const char *knob, int default_value, const char *fixed, int fixed_value,
+                            bool applies)
+{
+    check_knob_values(name, knob, default_value, !default_value, fixed, fixed_value, applies);
 }
 
 /* The knob on the decode variants: layout expert by rank (pushing) and,
@@ -534,51 +541,23 @@ Test(tune, the_part_flat_knob_changes_only_the_pushed_parts, .init = gen_setup, 
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
- * above max_tokens 512 where a row fits three slots whole, else BULK_SLOTS): at its default
- * every variant compiles to the default's code; other values change the
- * code of combines that push whole rows, and not layout expert's with
- * PUSH_PARTIALS (its staging follows BULK_SLOTS and PARTIAL_SLOTS) or
- * PARTIAL_GRID, nor a pulling combine (no staging). */
-static void check_push_slots(const char *name, int push_partials, int slots, bool same_as_default)
-{
-    char *src = read_variant(name);
-    int value[N_KNOBS];
-    for (int k = 0; k < N_KNOBS; k++)
-        value[k] = NOT_GIVEN;
-    if (push_partials >= 0)
-        value[knob_index("PUSH_PARTIALS")] = push_partials;
-    if (push_partials == 0)
-        value[knob_index("PARTIAL_GRID")] = 0; /* rows pushed whole (the grid's parts have no staging) */
-    symm_jit_result base, tuned;
-    cr_assert_eq(compile_tuned(name, src, value, &base), SYMM_OK, "%s: %s", name, symm_last_error());
-    value[knob_index("PUSH_SLOTS")] = slots;
-    cr_assert_eq(compile_tuned(name, src, value, &tuned), SYMM_OK, "%s: %s", name, symm_last_error());
-    cr_assert_str_eq(tuned.log, "", "%s, PUSH_SLOTS=%d: NVRTC warns: %s", name, slots, tuned.log);
-    if (same_as_default)
-        cr_assert(same_code(&tuned, &base), "%s (PUSH_PARTIALS %d): PUSH_SLOTS=%d is not the default's code", name,
-                  push_partials, slots);
-    else
-        cr_assert(!same_code(&tuned, &base), "%s (PUSH_PARTIALS %d): PUSH_SLOTS=%d gives the default's code", name,
-                  push_partials, slots);
-    symm_jit_result_free(&base);
-    symm_jit_result_free(&tuned);
-    free(src);
-}
-
+ * above max_tokens 512 where a row fits three slots whole, else
+ * BULK_SLOTS): at its default every variant compiles to the default's
+ * code; another value changes the code of combines that push whole rows,
+ * and not layout expert's with PUSH_PARTIALS (its staging follows
+ * BULK_SLOTS and PARTIAL_SLOTS) or PARTIAL_GRID (the default at max_tokens
+ * 512), nor a pulling combine (no staging). */
 Test(tune, push_slots_default_and_where_it_applies, .init = gen_setup_bench, .fini = gen_teardown)
 {
-    check_push_slots("bench/bench_dsv3_prefill", -1, 3, true); /* world 2, 24 SMs, max_tokens 4096 */
-    check_push_slots("bench/bench_dsv3_prefill", -1, 2, false);
-    check_push_slots("bench/bench_dsv3_prefill_sms16", -1, 2, true); /* 16 SMs: BULK_SLOTS */
-    check_push_slots("bench/bench_dsv3_decode", -1, 2, true);        /* max_tokens 128: BULK_SLOTS */
-    check_push_slots("bf16_rank_w2", -1, 2, true);                   /* max_tokens 256 */
-    check_push_slots("bf16_rank_w2", -1, 3, false);
-    check_push_slots("bf16_rank_w4", -1, 2, true); /* world 4: BULK_SLOTS */
-    check_push_slots("bf16_expert_w2", 0, 1, true);
-    check_push_slots("bf16_expert_w2", 0, 3, false);
-    check_push_slots("bf16_expert_w2", 1, 3, true);
-    check_push_slots("bf16_expert_w2", -1, 3, true); /* PARTIAL_GRID, the default at max_tokens 512 */
-    check_push_slots("bf16_rank_pull_w2", -1, 3, true);
+    check_knob_values("bench/bench_dsv3_prefill", "PUSH_SLOTS", 3, 2, NULL, 0, true); /* world 2, 24 SMs, 4096 */
+    check_knob_values("bench/bench_dsv3_prefill_sms16", "PUSH_SLOTS", 2, 3, NULL, 0, true); /* 16 SMs */
+    check_knob_values("bench/bench_dsv3_decode", "PUSH_SLOTS", 2, 3, NULL, 0, true);        /* max_tokens 128 */
+    check_knob_values("bf16_rank_w2", "PUSH_SLOTS", 2, 3, NULL, 0, true);                   /* max_tokens 256 */
+    check_knob_values("bf16_rank_w4", "PUSH_SLOTS", 2, 3, NULL, 0, true);                   /* world 4 */
+    check_knob_values("bf16_expert_w2", "PUSH_SLOTS", 1, 3, "PARTIAL_GRID", 0, true);       /* rows pushed whole */
+    check_knob_values("bf16_expert_w2", "PUSH_SLOTS", 1, 3, "PUSH_PARTIALS", 1, false);
+    check_knob_values("bf16_expert_w2", "PUSH_SLOTS", 1, 3, NULL, 0, false);
+    check_knob_values("bf16_rank_pull_w2", "PUSH_SLOTS", 2, 3, NULL, 0, false);
 }
 
 /* PART_BATCH (8 unless set, whatever PUSH_BATCH is): with PUSH_PARTIALS,
