@@ -39,7 +39,7 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4},
+    {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -500,6 +500,19 @@ Test(tune, grid_pack_changes_only_layout_expert_by_rank_at_decode, .init = gen_s
 Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
     check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
+}
+
+/* GRID_LEAN (default 0) changes the code only where the grid forms the
+ * parts: layout expert by rank at decode (bf16_expert_w2's rows, hidden
+ * 1024 at top-2, are half a chunk, so its code is the cut-short form). */
+Test(tune, grid_lean_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_LEAN", 0, NULL, 0, true, false);
+}
+
+Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("GRID_LEAN", 0, "PARTIAL_GRID", 0, false, false);
 }
 
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
