@@ -40,6 +40,7 @@ static const struct {
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
+    {"SUM_LEAN", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -502,17 +503,32 @@ Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .f
     check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
 }
 
-/* GRID_LEAN (default 0) changes the code only where the grid forms the
+/* GRID_LEAN (default 1) changes the code only where the grid forms the
  * parts: layout expert by rank at decode (bf16_expert_w2's rows, hidden
  * 1024 at top-2, are half a chunk, so its code is the cut-short form). */
 Test(tune, grid_lean_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("GRID_LEAN", 0, NULL, 0, true, false);
+    check_decode_knob("GRID_LEAN", 1, NULL, 0, true, false);
 }
 
 Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
-    check_decode_knob("GRID_LEAN", 0, "PARTIAL_GRID", 0, false, false);
+    check_decode_knob("GRID_LEAN", 1, "PARTIAL_GRID", 0, false, false);
+}
+
+/* SUM_LEAN (default 0) changes the code only where a token is summed by
+ * sum_token_grouped (layout expert by rank without PARTIAL_GRID: here with
+ * PUSH_PARTIALS, and the pulling combine) or by sum_token with its sources
+ * in one round (layout rank at world 2, pushing and pulling); not the
+ * grid's waiting sums at decode, nor the ascending-k order's sums. */
+Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_w2", "SUM_LEAN", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("fp16_expert_a8_pull_w2", "SUM_LEAN", 0, NULL, 0, true);
+    check_knob_case("bf16_rank_w2", "SUM_LEAN", 0, NULL, 0, true);
+    check_knob_case("bf16_rank_pull_w2", "SUM_LEAN", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "SUM_LEAN", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 0, NULL, 0, false);
 }
 
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
