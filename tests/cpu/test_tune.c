@@ -198,6 +198,51 @@ Test(tune, the_runtime_this_test_and_the_docs_list_the_same_knobs)
     free(docs);
 }
 
+/* scripts/test-gpu.sh's tunings part runs the default spec with the knobs at
+ * one end of their ranges, then at the other: two SYMM_TUNE lists, the one
+ * that starts "BULK_SLOTS=1," and the one that starts
+ * "BULK_SLOTS=4,PUSH_WARPS=16,". Each names every knob with a value in its
+ * range, and a knob of 0..1 is 0 in one list and 1 in the other, so that a
+ * new knob runs on a GPU both ways. */
+static int tuning_value(const char *script, const char *start, const char *name)
+{
+    const char *at = strstr(script, start);
+    cr_assert(at, "scripts/test-gpu.sh has no tuning list starting %s", start);
+    at++; /* past the opening quote */
+    const char *end = strchr(at, '"');
+    cr_assert(end, "scripts/test-gpu.sh: the list starting %s is not quoted", start);
+    const size_t len = strlen(name);
+    for (const char *p = at; p && p < end; p = strchr(p, ',')) {
+        if (*p == ',')
+            p++;
+        if (strncmp(p, name, len) == 0 && p[len] == '=') {
+            int v, used = 0;
+            cr_assert_eq(sscanf(p + len + 1, "%d%n", &v, &used), 1, "scripts/test-gpu.sh: %s in the list %s...", name,
+                         start);
+            cr_assert(p[len + 1 + used] == ',' || p[len + 1 + used] == '"', "scripts/test-gpu.sh: %s in the list %s...",
+                      name, start);
+            return v;
+        }
+    }
+    cr_assert_fail("scripts/test-gpu.sh's tuning list %s... has no %s", start, name);
+    return -1;
+}
+
+Test(tune, test_gpu_runs_every_knob_at_both_ends)
+{
+    char *script = test_slurp("scripts/test-gpu.sh", NULL);
+    const char *low = "\"BULK_SLOTS=1,", *high = "\"BULK_SLOTS=4,PUSH_WARPS=16,";
+    for (int k = 0; k < N_KNOBS; k++) {
+        const int lo = tuning_value(script, low, knobs[k].name), hi = tuning_value(script, high, knobs[k].name);
+        cr_assert(lo >= knobs[k].min && lo <= knobs[k].max && hi >= knobs[k].min && hi <= knobs[k].max,
+                  "scripts/test-gpu.sh: %s=%d and %d, outside %d..%d", knobs[k].name, lo, hi, knobs[k].min,
+                  knobs[k].max);
+        if (knobs[k].min == 0 && knobs[k].max == 1)
+            cr_assert_neq(lo, hi, "scripts/test-gpu.sh: %s is %d in both tuning lists", knobs[k].name, lo);
+    }
+    free(script);
+}
+
 /* ---- compiling tuned variants -------------------------------------------- */
 
 static char work[64];
@@ -516,19 +561,21 @@ Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .f
     check_decode_knob("GRID_LEAN", 1, "PARTIAL_GRID", 0, false, false);
 }
 
-/* SUM_LEAN (default 0) changes the code only where a token is summed by
- * sum_token_grouped (layout expert by rank without PARTIAL_GRID: here with
- * PUSH_PARTIALS, and the pulling combine) or by sum_token with its sources
- * in one round (layout rank at world 2, pushing and pulling); not the
- * grid's waiting sums at decode, nor the ascending-k order's sums. */
+/* SUM_LEAN (default 1, but 0 for layout rank's pushing combine at max_tokens
+ * 512 or less) compiles to the default's code at its default and changes
+ * the code only where a token is summed by sum_token_grouped (layout expert
+ * by rank without PARTIAL_GRID: here with PUSH_PARTIALS, and the pulling
+ * combine) or by sum_token with its sources in one round (layout rank at
+ * world 2, pushing and pulling); not the grid's waiting sums at decode, nor
+ * the ascending-k order's sums. */
 Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_expert_w2", "SUM_LEAN", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("fp16_expert_a8_pull_w2", "SUM_LEAN", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "SUM_LEAN", 1, "PUSH_PARTIALS", 1, true);
+    check_knob_case("fp16_expert_a8_pull_w2", "SUM_LEAN", 1, NULL, 0, true);
     check_knob_case("bf16_rank_w2", "SUM_LEAN", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_pull_w2", "SUM_LEAN", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "SUM_LEAN", 0, NULL, 0, false);
-    check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 0, NULL, 0, false);
+    check_knob_case("bf16_rank_pull_w2", "SUM_LEAN", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "SUM_LEAN", 1, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 1, NULL, 0, false);
 }
 
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
