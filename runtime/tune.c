@@ -41,7 +41,6 @@ static const struct knob {
     {"PUSH_SLOTS", 1, 4},   /* combine, rows pushed whole (not PUSH_PARTIALS, PARTIAL_GRID): a push warp's staging slots (default 3 or BULK_SLOTS) */
     {"GRID_LEAN", 0, 1},    /* combine, PARTIAL_GRID: 1: a round's loads and sums without a branch a lane (default 1) */
     {"SUM_LEAN", 0, 1},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; layout rank, sources in one round; default 1, not layout rank pushing at decode) */
-    {"GRID_PREFETCH", 0, 1}, /* combine, PARTIAL_GRID: 1: y's rows asked of L2 while the heads are found (up to 24 MB) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

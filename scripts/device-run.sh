@@ -40,8 +40,8 @@
 #        build), each alone, and PARTIAL_GRID off; the default and both off
 #        at world 4, at worlds.lua's world 3, and under memcheck and
 #        racecheck; GRID_CASES, some of "default old own pack grid0",
-#        picks the cases, to split the step over calls; "lean" (GRID_LEAN=1)
-#        and "prefetch" (GRID_PREFETCH=1) are not in the default list),
+#        picks the cases, to split the step over calls; "lean", GRID_LEAN=1,
+#        is not in the default list),
 #        grid-time (rows GRID_GROUPS, default g, timed with the default, each
 #        new knob off, both off (the last build), and the grid at prefill
 #        with PUSH_PARTIALS=0; GRID_TUNINGS, space-separated, replaces the
@@ -190,7 +190,7 @@ for s in "$@"; do
         grid_tune() { # name -> SYMM_TUNE
             case $1 in
             default) echo ;; old) echo GRID_OWN=0,GRID_PACK=0 ;; own) echo GRID_PACK=0 ;; pack) echo GRID_OWN=0 ;;
-            grid0) echo PARTIAL_GRID=0 ;; lean) echo GRID_LEAN=1 ;; prefetch) echo GRID_PREFETCH=1 ;;
+            grid0) echo PARTIAL_GRID=0 ;; lean) echo GRID_LEAN=1 ;;
             esac
         }
         # GRID_CASES (space-separated) picks cases, to split the step over calls
@@ -200,7 +200,7 @@ for s in "$@"; do
                 --manifest out/default/manifest.json --quick --time 20
         done
         for g in $cases; do
-            case $g in default | old | lean | prefetch) ;; *) continue ;; esac
+            [ "$g" = default ] || [ "$g" = old ] || [ "$g" = lean ] || continue
             step "check-w4-grid-$g" 300 env SYMM_TUNE="$(grid_tune $g)" $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
                 --manifest out/default/manifest.json --quick --graph-replays 20
             step "check-worlds-w3-grid-$g" 200 env SYMM_TUNE="$(grid_tune $g)" $run -n 3 --gpus "$gpus" -- \

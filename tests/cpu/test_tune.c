@@ -40,7 +40,7 @@ static const struct {
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
-    {"SUM_LEAN", 0, 1}, {"GRID_PREFETCH", 0, 1},
+    {"SUM_LEAN", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -559,13 +559,6 @@ Test(tune, grid_lean_changes_only_layout_expert_by_rank_at_decode, .init = gen_s
 Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
     check_decode_knob("GRID_LEAN", 1, "PARTIAL_GRID", 0, false, false);
-}
-
-/* GRID_PREFETCH (default 0) changes the code only where the grid forms the
- * parts. */
-Test(tune, grid_prefetch_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
-{
-    check_decode_knob("GRID_PREFETCH", 0, NULL, 0, true, false);
 }
 
 /* SUM_LEAN (default 1, but 0 for layout rank's pushing combine at max_tokens
