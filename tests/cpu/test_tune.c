@@ -566,8 +566,8 @@ Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .f
  * the code only where a token is summed by sum_token_grouped (layout expert
  * by rank without PARTIAL_GRID: here with PUSH_PARTIALS, and the pulling
  * combine) or by sum_token with its sources in one round (layout rank at
- * world 2, pushing and pulling); not the grid's waiting sums at decode, nor
- * the ascending-k order's sums. */
+ * world 2, pushing and pulling; layout expert's ascending-k order at top-4);
+ * not the grid's waiting sums at decode. */
 Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_setup, .fini = gen_teardown)
 {
     check_knob_case("bf16_expert_w2", "SUM_LEAN", 1, "PUSH_PARTIALS", 1, true);
@@ -575,7 +575,7 @@ Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_set
     check_knob_case("bf16_rank_w2", "SUM_LEAN", 0, NULL, 0, true);
     check_knob_case("bf16_rank_pull_w2", "SUM_LEAN", 1, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "SUM_LEAN", 1, NULL, 0, false);
-    check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 1, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 1, NULL, 0, true);
 }
 
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
