@@ -548,12 +548,18 @@ Test(tune, grid_pack_changes_nothing_without_partial_grid, .init = gen_setup, .f
     check_decode_knob("GRID_PACK", 1, "PARTIAL_GRID", 0, false, false);
 }
 
-/* GRID_LEAN (default 1) changes the code only where the grid forms the
- * parts: layout expert by rank at decode (bf16_expert_w2's rows, hidden
- * 1024 at top-2, are half a chunk, so its code is the cut-short form). */
+/* GRID_LEAN (default 1 at world 2, 0 at other worlds) changes the code only
+ * where the grid forms the parts: layout expert by rank at decode
+ * (bf16_expert_w2's rows, hidden 1024 at top-2, are half a chunk, so its
+ * code is the cut-short form); at world 4 its default is 0. */
 Test(tune, grid_lean_changes_only_layout_expert_by_rank_at_decode, .init = gen_setup, .fini = gen_teardown)
 {
     check_decode_knob("GRID_LEAN", 1, NULL, 0, true, false);
+}
+
+Test(tune, grid_lean_is_off_by_default_at_world_4, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_w4", "GRID_LEAN", 0, NULL, 0, true);
 }
 
 Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
