@@ -41,6 +41,7 @@ static const struct knob {
     {"PUSH_SLOTS", 1, 4},   /* combine, rows pushed whole (not PUSH_PARTIALS, PARTIAL_GRID): a push warp's staging slots (default 3 or BULK_SLOTS) */
     {"GRID_LEAN", 0, 2},    /* combine, PARTIAL_GRID: 1: a round's loads and sums without a branch a lane (default 1 at world 2, else 0); 2: idle slots load slot 0's */
     {"SUM_LEAN", 0, 2},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; sources in one round; default 1, not layout rank pushing at decode); 2: each lane finds every source */
+    {"PART_AHEAD", 0, 1},   /* combine, PUSH_PARTIALS: 1: the next batch's rows' sources load before this batch's parts */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 
