@@ -39,9 +39,8 @@ static const struct knob {
     {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first (default 1 for layout expert, 0 for layout rank) */
     {"PART_FLAT", 0, 1},    /* combine, PUSH_PARTIALS: 1: a chunk's rows all loaded before they are summed (default 1) */
     {"PUSH_SLOTS", 1, 4},   /* combine, rows pushed whole (not PUSH_PARTIALS, PARTIAL_GRID): a push warp's staging slots (default 3 or BULK_SLOTS) */
-    {"GRID_LEAN", 0, 2},    /* combine, PARTIAL_GRID: 1: a round's loads and sums without a branch a lane (default 1 at world 2, else 0); 2: idle slots load slot 0's */
-    {"SUM_LEAN", 0, 2},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; sources in one round; default 1, not layout rank pushing at decode); 2: each lane finds every source */
-    {"PART_AHEAD", 0, 1},   /* combine, PUSH_PARTIALS: 1: the next batch's rows' sources load before this batch's parts */
+    {"GRID_LEAN", 0, 1},    /* combine, PARTIAL_GRID: 1: a round's loads and sums without a branch a lane (default 1 at world 2, else 0) */
+    {"SUM_LEAN", 0, 1},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; sources in one round; default 1, not layout rank pushing at decode) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

@@ -39,8 +39,8 @@ static const struct {
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
-    {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 2},
-    {"SUM_LEAN", 0, 2}, {"PART_AHEAD", 0, 1},
+    {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
+    {"SUM_LEAN", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -562,15 +562,6 @@ Test(tune, grid_lean_is_off_by_default_at_world_4, .init = gen_setup, .fini = ge
     check_knob_case("bf16_expert_w4", "GRID_LEAN", 0, NULL, 0, true);
 }
 
-/* GRID_LEAN 2 (idle slots load slot 0's vectors) is code of its own where
- * the grid forms the parts, and nothing elsewhere. */
-Test(tune, grid_lean_2_changes_only_the_grid_s_parts, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_values("bf16_expert_w2", "GRID_LEAN", 1, 2, NULL, 0, true);
-    check_knob_values("bf16_expert_w4", "GRID_LEAN", 0, 2, NULL, 0, true);
-    check_knob_values("bf16_rank_w2", "GRID_LEAN", 1, 2, NULL, 0, false);
-}
-
 Test(tune, grid_lean_changes_nothing_without_partial_grid, .init = gen_setup, .fini = gen_teardown)
 {
     check_decode_knob("GRID_LEAN", 1, "PARTIAL_GRID", 0, false, false);
@@ -591,11 +582,6 @@ Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_set
     check_knob_case("bf16_rank_pull_w2", "SUM_LEAN", 1, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "SUM_LEAN", 1, NULL, 0, false);
     check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 1, NULL, 0, true);
-    /* 2: sum_token_lean's lanes each find every source; the grouped sums
-     * are the same as at 1. */
-    check_knob_values("bf16_rank_w2", "SUM_LEAN", 0, 2, NULL, 0, true);
-    check_knob_values("bf16_expert_order_k_w2", "SUM_LEAN", 1, 2, NULL, 0, true);
-    check_knob_values("bf16_expert_w2", "SUM_LEAN", 1, 2, "PUSH_PARTIALS", 1, false);
 }
 
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
@@ -634,15 +620,6 @@ Test(tune, the_part_flat_knob_changes_only_the_pushed_parts, .init = gen_setup, 
     check_knob_case("bf16_expert_w2", "PART_FLAT", 1, "PUSH_PARTIALS", 0, false);
     check_knob_case("bf16_rank_w2", "PART_FLAT", 1, NULL, 0, false);
     check_knob_case("bf16_expert_order_k_w2", "PART_FLAT", 1, NULL, 0, false);
-}
-
-/* PART_AHEAD (default 0) changes the code only where a push warp forms
- * parts (PUSH_PARTIALS). */
-Test(tune, the_part_ahead_knob_changes_only_the_pushed_parts, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "PART_AHEAD", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_expert_w2", "PART_AHEAD", 0, "PUSH_PARTIALS", 0, false);
-    check_knob_case("bf16_rank_w2", "PART_AHEAD", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
