@@ -40,7 +40,7 @@ static const struct {
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
-    {"SUM_LEAN", 0, 1},
+    {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -620,6 +620,19 @@ Test(tune, the_part_flat_knob_changes_only_the_pushed_parts, .init = gen_setup, 
     check_knob_case("bf16_expert_w2", "PART_FLAT", 1, "PUSH_PARTIALS", 0, false);
     check_knob_case("bf16_rank_w2", "PART_FLAT", 1, NULL, 0, false);
     check_knob_case("bf16_expert_order_k_w2", "PART_FLAT", 1, NULL, 0, false);
+}
+
+/* PART_ORDER (default 0) changes the code only where a push warp forms the
+ * peers' parts (PUSH_PARTIALS, with DEDUP) and there both kernels: dispatch
+ * writes the words a head, combine reads them. Not layout rank, not the
+ * ascending-k order, not layout expert's grid parts at decode. */
+Test(tune, the_part_order_knob_changes_only_the_pushed_parts, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_w2", "PART_ORDER", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_expert_w4", "PART_ORDER", 0, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_expert_w2", "PART_ORDER", 0, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "PART_ORDER", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "PART_ORDER", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
