@@ -41,7 +41,7 @@ static const struct knob {
     {"PUSH_SLOTS", 1, 4},   /* combine, rows pushed whole (not PUSH_PARTIALS, PARTIAL_GRID): a push warp's staging slots (default 3 or BULK_SLOTS) */
     {"GRID_LEAN", 0, 1},    /* combine, PARTIAL_GRID: 1: a round's loads and sums without a branch a lane (default 1 at world 2, else 0) */
     {"SUM_LEAN", 0, 1},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; sources in one round; default 1, not layout rank pushing at decode) */
-    {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words */
+    {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

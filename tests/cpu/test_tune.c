@@ -622,17 +622,18 @@ Test(tune, the_part_flat_knob_changes_only_the_pushed_parts, .init = gen_setup, 
     check_knob_case("bf16_expert_order_k_w2", "PART_FLAT", 1, NULL, 0, false);
 }
 
-/* PART_ORDER (default 0) changes the code only where a push warp forms the
- * peers' parts (PUSH_PARTIALS, with DEDUP) and there both kernels: dispatch
- * writes the words a head, combine reads them. Not layout rank, not the
- * ascending-k order, not layout expert's grid parts at decode. */
+/* PART_ORDER (default 1 where it applies) compiles to the default's code at
+ * 1 and changes the code only where a push warp forms the peers' parts
+ * (PUSH_PARTIALS, with DEDUP), and there both kernels: dispatch writes the
+ * words a head, combine reads them. Not layout rank, not the ascending-k
+ * order, not layout expert's grid parts at decode (no PUSH_PARTIALS). */
 Test(tune, the_part_order_knob_changes_only_the_pushed_parts, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_expert_w2", "PART_ORDER", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_expert_w4", "PART_ORDER", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("bf16_expert_w2", "PART_ORDER", 0, NULL, 0, false);
-    check_knob_case("bf16_rank_w2", "PART_ORDER", 0, NULL, 0, false);
-    check_knob_case("bf16_expert_order_k_w2", "PART_ORDER", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_w2", "PART_ORDER", 1, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_expert_w4", "PART_ORDER", 1, "PUSH_PARTIALS", 1, true);
+    check_knob_case("bf16_expert_w2", "PART_ORDER", 1, "PUSH_PARTIALS", 0, false);
+    check_knob_case("bf16_rank_w2", "PART_ORDER", 1, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "PART_ORDER", 1, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
