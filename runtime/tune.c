@@ -42,8 +42,7 @@ static const struct knob {
     {"GRID_LEAN", 0, 1},    /* combine, PARTIAL_GRID: 1: a round's loads and sums without a branch a lane (default 1 at world 2, else 0) */
     {"SUM_LEAN", 0, 1},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; sources in one round; default 1, not layout rank pushing at decode) */
     {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words (default 1) */
-    {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 16 for layout expert, 4 for layout rank) */
-    {"SEND_WIDE", 0, 1},    /* dispatch without CHAIN_STREAM: 1: half the warps send rows, each with two warps' staging space */
+    {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 4) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

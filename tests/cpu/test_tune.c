@@ -41,7 +41,6 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"SEND_WIDE", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -637,24 +636,14 @@ Test(tune, the_part_order_knob_changes_only_the_pushed_parts, .init = gen_setup,
     check_knob_case("bf16_expert_order_k_w2", "PART_ORDER", 1, NULL, 0, false);
 }
 
-/* BASE_LOADS (default 16 for layout expert, 4 for layout rank): at the
- * default every variant compiles to the default's code, and another batch
- * changes dispatch's wait for the counts in both layouts. */
-Test(tune, the_base_loads_knob_keeps_each_layouts_default, .init = gen_setup, .fini = gen_teardown)
+/* BASE_LOADS (default 4): at 4 every variant compiles to the default's
+ * code, and another batch changes dispatch's wait for the counts in both
+ * layouts. */
+Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_values("bf16_expert_w2", "BASE_LOADS", 16, 4, NULL, 0, true);
-    check_knob_values("bf16_expert_w4", "BASE_LOADS", 16, 8, NULL, 0, true);
+    check_knob_values("bf16_expert_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
+    check_knob_values("bf16_expert_w4", "BASE_LOADS", 4, 8, NULL, 0, true);
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
-}
-
-/* SEND_WIDE (default 0) compiles to the default's code at 0 and changes
- * dispatch wherever the rows are sent without CHAIN_STREAM, in both
- * layouts; with CHAIN_STREAM it changes nothing. */
-Test(tune, the_send_wide_knob_changes_dispatch_without_chain_stream, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "SEND_WIDE", 0, "CHAIN_STREAM", 0, true);
-    check_knob_case("bf16_expert_w2", "SEND_WIDE", 0, "CHAIN_STREAM", 1, false);
-    check_knob_case("bf16_rank_w2", "SEND_WIDE", 0, NULL, 0, true);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
