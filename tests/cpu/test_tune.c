@@ -41,7 +41,6 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"BASE_LEAN", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -645,15 +644,6 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_expert_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
     check_knob_values("bf16_expert_w4", "BASE_LOADS", 4, 8, NULL, 0, true);
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
-}
-
-/* BASE_LEAN (default 0) compiles to the default's code at 0 and changes
- * dispatch's wait for the counts of layout expert only. */
-Test(tune, the_base_lean_knob_changes_only_layout_experts_counts, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "BASE_LEAN", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w4", "BASE_LEAN", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_w2", "BASE_LEAN", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
