@@ -41,7 +41,6 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"CHAIN_SLOTS", 1, 4},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -645,18 +644,6 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_expert_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
     check_knob_values("bf16_expert_w4", "BASE_LOADS", 4, 8, NULL, 0, true);
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
-}
-
-/* CHAIN_SLOTS (default BULK_SLOTS, 1 for layout expert): at the default
- * every variant compiles to the default's code; another count changes the
- * chain copies of layout expert where they are dealt over the grid
- * (decode), and nothing where they are not (CHAIN_GRID off, layout rank). */
-Test(tune, the_chain_slots_knob_changes_only_the_grids_chain_copies, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_values("bf16_expert_w2", "CHAIN_SLOTS", 1, 2, NULL, 0, true);
-    check_knob_values("bf16_expert_w4", "CHAIN_SLOTS", 1, 2, NULL, 0, true);
-    check_knob_values("bf16_expert_w2", "CHAIN_SLOTS", 1, 2, "CHAIN_GRID", 0, false);
-    check_knob_values("bf16_rank_w2", "CHAIN_SLOTS", 2, 1, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
