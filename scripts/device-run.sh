@@ -286,7 +286,7 @@ for s in "$@"; do
             { echo "rows ${AB_GROUPS:-g}, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated (new first in odd rounds, old first in even ones)"
               echo
               scripts/ab-table.sh "$out" "${rev:0:12}"; } > "$out/ab.md" 2>&1
-            cp "$out/ab.md" "$final/ab.md"
+            table "$out/ab.md" "$final/ab.md"
         fi ;;
     chains-warps) # rows g: warps a block that only copy chains (default 4)
         step chains-warps 560 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chains-warps" scripts/bench-tune.sh --groups g \

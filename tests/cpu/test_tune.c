@@ -41,7 +41,6 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"ROW_SPLIT", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -645,20 +644,6 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_expert_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
     check_knob_values("bf16_expert_w4", "BASE_LOADS", 4, 8, NULL, 0, true);
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
-}
-
-/* ROW_SPLIT (default 0) compiles to the default's code at 0 and changes
- * dispatch in both layouts where a row takes more than one chunk and goes
- * without CHAIN_STREAM (decode); nothing where a row is one chunk (the
- * default spec's small layout expert) or with CHAIN_STREAM (layout expert
- * above max_tokens 512). */
-Test(tune, the_row_split_knob_changes_dispatch_without_chain_stream, .init = gen_setup_bench, .fini = gen_teardown)
-{
-    check_knob_case("bench/bench_dsv3_decode_expert", "ROW_SPLIT", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode", "ROW_SPLIT", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_w2", "ROW_SPLIT", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "ROW_SPLIT", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert", "ROW_SPLIT", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
