@@ -10,7 +10,9 @@
 #   builds REV's symmgen in a temporary git worktree (its templates are
 #   built into it), generates SPEC (default specs/bench.lua, read from this
 #   tree) with it into $SYMM_BUILD_DIR/ab/bench (default build/ab/bench,
-#   replacing what was there), writes the commit to .../ab/REV, and
+#   replacing what was there) and, at worlds 4 and 8 (-D world=W, for a
+#   host of that many GPUs), into .../ab/bench-wW, writes the commit to
+#   .../ab/REV, and
 #   removes the worktree. The build directory is what the
 #   device call carries; the device's symmrun and moe_bench are this tree's
 #   (the variant descriptor's ABI must match: REV's generated code is
@@ -32,5 +34,8 @@ ab=${SYMM_BUILD_DIR:-build}/ab
 rm -rf "$ab"
 mkdir -p "$ab"
 "$wt/build/bin/symmgen" -q -o "$ab/bench" "$spec"
+for w in 4 8; do
+    "$wt/build/bin/symmgen" -q -D world=$w -o "$ab/bench-w$w" "$spec"
+done
 echo "$rev" > "$ab/REV"
 echo "ab-prepare: $(git log -1 --format='%h %s' "$rev" | cut -c1-70): $(find "$ab/bench" -name '*.cu' | wc -l) variants in $ab/bench"

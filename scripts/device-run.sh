@@ -66,7 +66,7 @@
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
-#        ab (rows AB_GROUPS, default g, at world 2: this tree's kernels and
+#        ab (rows AB_GROUPS, default g, at the host's world, a rank per GPU: this tree's kernels and
 #        those of the commit scripts/ab-prepare.sh put in BUILD/ab, AB_ROUNDS
 #        rounds (default 2) alternated in this call, new first in odd
 #        rounds and old first in even ones; table in $OUT's ab.md, with
@@ -267,9 +267,15 @@ for s in "$@"; do
             step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile=2 --reps 20
         done ;;
-    ab) # this tree's kernels against BUILD/ab's (scripts/ab-prepare.sh REV), alternated in one call
-        if [ ! -f "$build/ab/bench/manifest.json" ]; then
-            summary+=("ab: no $build/ab/bench/manifest.json (run scripts/ab-prepare.sh REV before the call)")
+    ab) # this tree's kernels against BUILD/ab's (scripts/ab-prepare.sh REV), alternated in one call, at the
+        # host's world (DEVICE_GPUS), a rank per GPU
+        pm=out/bench/manifest.json om=$build/ab/bench/manifest.json
+        if [ "$ngpu" -ne 2 ]; then
+            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
+            pm=out/bench-w$ngpu/manifest.json om=$build/ab/bench-w$ngpu/manifest.json
+        fi
+        if [ ! -f "$om" ]; then
+            summary+=("ab: no $om (run scripts/ab-prepare.sh REV before the call)")
         else
             rev=$(cat "$build/ab/REV" 2>/dev/null || echo unknown)
             for i in $(seq 1 "${AB_ROUNDS:-2}"); do
@@ -277,13 +283,13 @@ for s in "$@"; do
                 # than the second on unchanged code (bench/NOTES.md 62, 64).
                 sides="new old"; [ $((i % 2)) -eq 0 ] && sides="old new"
                 for side in $sides; do
-                    m=out/bench/manifest.json
-                    [ "$side" = old ] && m=$build/ab/bench/manifest.json
-                    step "ab-$side-$i" 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
+                    m=$pm
+                    [ "$side" = old ] && m=$om
+                    step "ab-$side-$i" 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- \
                         "$build/bench/moe_bench" --manifest "$m" --groups "${AB_GROUPS:-g}" --no-nccl --reps 20
                 done
             done
-            { echo "rows ${AB_GROUPS:-g}, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated (new first in odd rounds, old first in even ones)"
+            { echo "rows ${AB_GROUPS:-g} at world $ngpu, us p50/p90, dispatch then combine: this tree (new) against ${rev:0:12} (old), alternated (new first in odd rounds, old first in even ones)"
               echo
               scripts/ab-table.sh "$out" "${rev:0:12}"; } > "$out/ab.md" 2>&1
             table "$out/ab.md" "$final/ab.md"

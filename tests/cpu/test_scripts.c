@@ -8,8 +8,8 @@
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
  * world outside 2..8 (SYMM_TEST_PY_WORLD) and of a stack-dump time that
  * is not whole seconds (SYMM_TEST_PY_STACKS), before anything else;
- * scripts/device-run.sh's RUN_BUDGET and its spans step (on a fake
- * machine: a fake nvidia-smi on PATH, fake build binaries);
+ * scripts/device-run.sh's RUN_BUDGET and its spans and ab steps (on a
+ * fake machine: a fake nvidia-smi on PATH, fake build binaries);
  * bench/link_probe's kernels (link_probe_kernels.h), which NVRTC compiles
  * only on a GPU host at run time, compile here without a warning. Run from
  * the repository root, as make test does. */
@@ -342,6 +342,62 @@ Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
                               cases[c].manifest};
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
             cr_assert(strstr(out, want[i]), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, want[i], out);
+    }
+    wf_rmtree(dir);
+}
+
+/* The ab step: this tree's bench kernels and those ab-prepare.sh left in
+ * BUILD/ab, alternated, a rank per GPU at the host's world: world 2's
+ * spec at 2 GPUs, the spec at world W (bench-wW) at W; without BUILD/ab's
+ * kernels of that world it says so and runs nothing. On a fake machine
+ * whose symmrun prints what it was given. */
+Test(device_run, ab_runs_both_sides_at_the_host_s_world)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[1024], out[16384];
+    const struct {
+        int gpus, used; /* the machine's GPUs, those DEVICE_GPUS leaves (0: unset) */
+        const char *prepared, *new_manifest, *old_manifest;
+    } cases[] = {{2, 0, "bench", "out/bench/manifest.json", "build/ab/bench/manifest.json"},
+                 {4, 0, "bench-w4", "out/bench-w4/manifest.json", "build/ab/bench-w4/manifest.json"},
+                 {4, 2, "bench", "out/bench/manifest.json", "build/ab/bench/manifest.json"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fake_machine(dir, cases[c].gpus, "echo symmrun \"$*\"");
+        char used[32] = "";
+        if (cases[c].used)
+            snprintf(used, sizeof used, "DEVICE_GPUS=%d", cases[c].used);
+        /* Nothing prepared: refused by name, no run. */
+        snprintf(command, sizeof command,
+                 "d=%s; rm -rf $d/build/ab && env PATH=$d/path:$PATH OUT=$d/out %s scripts/device-run.sh $d/build ab",
+                 dir, used);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        char want[256];
+        snprintf(want, sizeof want, "ab: no %s/%s (run scripts/ab-prepare.sh REV before the call)", dir,
+                 cases[c].old_manifest);
+        cr_assert(strstr(out, want), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, want, out);
+        cr_assert(!strstr(out, "ab-new-1"), "%d GPUs: ran without the old kernels: %s", cases[c].gpus, out);
+        /* Prepared: two rounds, each side once a round, every run at the world. */
+        snprintf(command, sizeof command,
+                 "d=%s; mkdir -p $d/build/ab/%s && touch $d/build/ab/%s/manifest.json && echo abc1234 > $d/build/ab/REV && "
+                 "env PATH=$d/path:$PATH OUT=$d/out %s scripts/device-run.sh $d/build ab && "
+                 "cd $d/out && tar xzf logs.tgz && cat ab-new-1.log ab-old-1.log ab-old-2.log ab-new-2.log ab.md",
+                 dir, cases[c].prepared, cases[c].prepared, used);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        const int n = cases[c].used ? cases[c].used : cases[c].gpus;
+        char ranks[64], new_m[256], old_m[256], world[64];
+        snprintf(ranks, sizeof ranks, "symmrun -n %d --gpus %s ", n, n == 2 ? "0,1" : "0,1,2,3");
+        snprintf(new_m, sizeof new_m, "--manifest %s ", cases[c].new_manifest);
+        snprintf(old_m, sizeof old_m, "--manifest %s/%s ", dir, cases[c].old_manifest);
+        snprintf(world, sizeof world, "rows g at world %d,", n);
+        const char *wants[] = {ranks, new_m, old_m, "--groups g ", "--no-nccl", world, "against abc1234 (old)"};
+        for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
+            cr_assert(strstr(out, wants[i]), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, wants[i], out);
+        int runs = 0;
+        for (const char *p = out; (p = strstr(p, "symmrun -n")); p++)
+            runs++;
+        cr_assert_eq(runs, 4, "%d GPUs: %d runs, want 4 (two rounds, each side once): %s", cases[c].gpus, runs, out);
     }
     wf_rmtree(dir);
 }
