@@ -207,6 +207,17 @@ static void fake_machine(const char *dir, int gpus, const char *symmrun_body)
     cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
 }
 
+/* A fake machine of `gpus` GPUs whose symmrun prints what it was given,
+ * and in env the DEVICE_GPUS setting that leaves `used` of them (0: none,
+ * all of them). */
+static void echo_machine(const char *dir, int gpus, int used, char *env, size_t size)
+{
+    fake_machine(dir, gpus, "echo symmrun \"$*\"");
+    env[0] = '\0';
+    if (used)
+        snprintf(env, size, "DEVICE_GPUS=%d", used);
+}
+
 /* DEVICE_GPUS must name from 1 to the machine's GPUs (a fake machine of 2). */
 Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
 {
@@ -324,10 +335,8 @@ Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
                  {4, 0, "g", "--groups g ", "--manifest out/bench-w4/manifest.json"},
                  {4, 2, NULL, "--groups g,a,b", "--manifest out/bench/manifest.json"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        fake_machine(dir, cases[c].gpus, "echo symmrun \"$*\"");
-        char used[32] = "";
-        if (cases[c].used)
-            snprintf(used, sizeof used, "DEVICE_GPUS=%d", cases[c].used);
+        char used[32];
+        echo_machine(dir, cases[c].gpus, cases[c].used, used, sizeof used);
         snprintf(command, sizeof command,
                  "d=%s; rm -f $d/out/spans.log && "
                  "env PATH=$d/path:$PATH OUT=$d/out %s %s%s scripts/device-run.sh $d/build spans && "
@@ -364,10 +373,8 @@ Test(device_run, ab_runs_both_sides_at_the_host_s_world)
                  {4, 0, "bench-w4", "out/bench-w4/manifest.json", "build/ab/bench-w4/manifest.json"},
                  {4, 2, "bench", "out/bench/manifest.json", "build/ab/bench/manifest.json"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        fake_machine(dir, cases[c].gpus, "echo symmrun \"$*\"");
-        char used[32] = "";
-        if (cases[c].used)
-            snprintf(used, sizeof used, "DEVICE_GPUS=%d", cases[c].used);
+        char used[32];
+        echo_machine(dir, cases[c].gpus, cases[c].used, used, sizeof used);
         /* Nothing prepared: refused by name, no run. */
         snprintf(command, sizeof command,
                  "d=%s; rm -rf $d/build/ab && env PATH=$d/path:$PATH OUT=$d/out %s scripts/device-run.sh $d/build ab",
