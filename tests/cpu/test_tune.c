@@ -41,6 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
+    {"PUSH_ORDER", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -644,6 +645,19 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_expert_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
     check_knob_values("bf16_expert_w4", "BASE_LOADS", 4, 8, NULL, 0, true);
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
+}
+
+/* PUSH_ORDER (default 0) compiles to the default's code at 0 and changes
+ * only the ascending-k order's variants (dispatch's words and combine's
+ * pushes), at decode and at prefill; never layout rank or layout expert by
+ * rank. */
+Test(tune, the_push_order_knob_changes_only_the_ascending_k_order, .init = gen_setup_bench, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_order_k_w2", "PUSH_ORDER", 0, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_prefill_expert_k", "PUSH_ORDER", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "PUSH_ORDER", 0, NULL, 0, false);
+    check_knob_case("bench/bench_dsv3_prefill_expert", "PUSH_ORDER", 0, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "PUSH_ORDER", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
