@@ -16,7 +16,9 @@
 #        test_variant's nccl_* tests at 2 ranks; memcheck of four variants'
 #        NCCL-backend kernels), nccl-specs (check --backend nccl of
 #        worlds.lua and models.lua at each world up to the GPUs, and
-#        test_variant's nccl_* tests at 4 ranks on 4 GPUs), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
+#        test_variant's nccl_* tests at 4 ranks on 4 GPUs), bench-check, bench-sanitize (check --quick,
+#        and memcheck and racecheck, of specs/bench.lua's BENCH_VARIANTS at the host's world: the shapes
+#        the default spec lacks, e.g. rows of several chunks), world4, worlds, world8, sanitize, sanitize-w4 (memcheck and
 #        racecheck at world 4), variant,
 #        auto (combine = "auto": check of the default spec's auto variants at
 #        worlds 2 and 4, NCCL and hybrid backends, test_variant's auto tests
@@ -371,6 +373,31 @@ for s in "$@"; do
                 --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2 \
                 --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2 --variant bf16_expert_order_k_w2
         done ;;
+    bench-check | bench-sanitize) # check --quick of specs/bench.lua's variants BENCH_VARIANTS (comma-separated;
+        # default its layout-expert variants, both orders, at decode and prefill) at the host's world, a rank per
+        # GPU; bench-sanitize: memcheck and racecheck of them (default the decode ones) with two graph replays
+        bm=out/bench/manifest.json
+        if [ "$ngpu" -ne 2 ]; then
+            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
+            bm=out/bench-w$ngpu/manifest.json
+        fi
+        if [ "$s" = bench-check ]; then
+            list=${BENCH_VARIANTS:-bench_dsv3_decode_expert,bench_dsv3_decode_expert_k,bench_dsv3_prefill_expert,bench_dsv3_prefill_expert_k}
+        else
+            list=${BENCH_VARIANTS:-bench_dsv3_decode_expert,bench_dsv3_decode_expert_k,bench_dsv3_decode_expert_fp8}
+        fi
+        vargs=()
+        IFS=, read -ra names <<< "$list"
+        for v in "${names[@]}"; do vargs+=(--variant "$v"); done
+        if [ "$s" = bench-check ]; then
+            step bench-check 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/tests-gpu/check" --manifest "$bm" --quick \
+                --graph-replays 2 "${vargs[@]}"
+        else
+            for tool in memcheck racecheck; do
+                step bench-sanitizer-$tool 400 $run -n "$ngpu" --gpus "$gpus" -- compute-sanitizer --tool $tool \
+                    --error-exitcode 9 "$build/tests-gpu/check" --manifest "$bm" --quick --graph-replays 2 "${vargs[@]}"
+            done
+        fi ;;
     sanitize-w4) # memcheck and racecheck at world 4 (a rank per GPU on 4 GPUs, else two a GPU): layout
         # rank's pushes round the peers (PUSH_INTERLEAVE), both forms of auto, layout expert's parts
         for tool in memcheck racecheck; do

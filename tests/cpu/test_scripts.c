@@ -8,8 +8,9 @@
  * they are not run here); scripts/test-python-gpu.sh: its refusal of a
  * world outside 2..8 (SYMM_TEST_PY_WORLD) and of a stack-dump time that
  * is not whole seconds (SYMM_TEST_PY_STACKS), before anything else;
- * scripts/device-run.sh's RUN_BUDGET and its spans and ab steps (on a
- * fake machine: a fake nvidia-smi on PATH, fake build binaries);
+ * scripts/device-run.sh's RUN_BUDGET and its spans, ab, bench-check and
+ * bench-sanitize steps (on a fake machine: a fake nvidia-smi on PATH, fake
+ * build binaries);
  * bench/link_probe's kernels (link_probe_kernels.h), which NVRTC compiles
  * only on a GPU host at run time, compile here without a warning. Run from
  * the repository root, as make test does. */
@@ -405,6 +406,51 @@ Test(device_run, ab_runs_both_sides_at_the_host_s_world)
         for (const char *p = out; (p = strstr(p, "symmrun -n")); p++)
             runs++;
         cr_assert_eq(runs, 4, "%d GPUs: %d runs, want 4 (two rounds, each side once): %s", cases[c].gpus, runs, out);
+    }
+    wf_rmtree(dir);
+}
+
+/* The bench-check and bench-sanitize steps: check --quick (and under
+ * memcheck and racecheck) of specs/bench.lua's BENCH_VARIANTS, a rank per
+ * GPU at the host's world: by default the layout-expert variants (both
+ * orders; bench-sanitize the decode ones). On fake machines of 2 and 4
+ * GPUs whose symmrun prints what it was given. */
+Test(device_run, bench_check_and_sanitize_take_the_bench_variants_at_the_host_s_world)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[1024], out[16384];
+    const struct {
+        int gpus;
+        const char *step, *variants, *logs, *manifest, *want, *not_want;
+    } cases[] = {
+        {2, "bench-check", NULL, "bench-check.log", "--manifest out/bench/manifest.json ",
+         "--variant bench_dsv3_prefill_expert_k", "compute-sanitizer"},
+        {4, "bench-check", "bench_dsv3_decode,bench_dsv3_prefill", "bench-check.log",
+         "--manifest out/bench-w4/manifest.json ", "--variant bench_dsv3_decode --variant bench_dsv3_prefill",
+         "bench_dsv3_decode_expert"},
+        {2, "bench-sanitize", NULL, "bench-sanitizer-memcheck.log bench-sanitizer-racecheck.log",
+         "--manifest out/bench/manifest.json ", "--variant bench_dsv3_decode_expert_fp8", "bench_dsv3_prefill"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char used[32];
+        echo_machine(dir, cases[c].gpus, 0, used, sizeof used);
+        snprintf(command, sizeof command,
+                 "d=%s; env PATH=$d/path:$PATH OUT=$d/out %s%s scripts/device-run.sh $d/build %s && "
+                 "cd $d/out && tar xzf logs.tgz && cat %s",
+                 dir, cases[c].variants ? "BENCH_VARIANTS=" : "", cases[c].variants ? cases[c].variants : "",
+                 cases[c].step, cases[c].logs);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        char ranks[64];
+        snprintf(ranks, sizeof ranks, "symmrun -n %d --gpus %s ", cases[c].gpus, cases[c].gpus == 2 ? "0,1" : "0,1,2,3");
+        const char *wants[] = {ranks, cases[c].manifest, "--quick --graph-replays 2", cases[c].want};
+        for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
+            cr_assert(strstr(out, wants[i]), "%s, %d GPUs: no \"%s\" in: %s", cases[c].step, cases[c].gpus, wants[i], out);
+        cr_assert(!strstr(out, cases[c].not_want), "%s, %d GPUs: \"%s\" in: %s", cases[c].step, cases[c].gpus,
+                  cases[c].not_want, out);
+        if (!strcmp(cases[c].step, "bench-sanitize"))
+            cr_assert(strstr(out, "--tool memcheck") && strstr(out, "--tool racecheck"), "both tools: %s", out);
     }
     wf_rmtree(dir);
 }
