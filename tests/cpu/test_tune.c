@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1},
+    {"PUSH_ORDER", 0, 1}, {"CHAIN_WORDS", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -658,6 +658,20 @@ Test(tune, the_push_order_knob_changes_only_the_ascending_k_order, .init = gen_s
     check_knob_case("bf16_expert_w2", "PUSH_ORDER", 0, NULL, 0, false);
     check_knob_case("bench/bench_dsv3_prefill_expert", "PUSH_ORDER", 0, NULL, 0, false);
     check_knob_case("bf16_rank_w2", "PUSH_ORDER", 0, NULL, 0, false);
+}
+
+/* CHAIN_WORDS (default 0) compiles to the default's code at 0 and changes
+ * dispatch where CHAIN_GRID copies the chains (layout expert by rank at
+ * decode), and nothing elsewhere: CHAIN_GRID off, the ascending-k order,
+ * CHAIN_STREAM (prefill), layout rank. */
+Test(tune, the_chain_words_knob_changes_only_the_grids_chain_copies, .init = gen_setup_bench, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 0, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_decode_expert", "CHAIN_WORDS", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 0, "CHAIN_GRID", 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "CHAIN_WORDS", 0, NULL, 0, false);
+    check_knob_case("bench/bench_dsv3_prefill_expert", "CHAIN_WORDS", 0, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "CHAIN_WORDS", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
