@@ -153,6 +153,16 @@ tables=()
 table() { # from to
     cp "$1" "$2" && tables+=("$2")
 }
+# specs/bench.lua's variants at the host's world, a rank per GPU: world 2's
+# (out/bench, generated above) on 2 GPUs, else generated at world $ngpu into
+# out/bench-w$ngpu. Sets bench_dir to the directory (its manifest.json).
+bench_at_world() {
+    bench_dir=out/bench
+    if [ "$ngpu" -ne 2 ]; then
+        bench_dir=out/bench-w$ngpu
+        $build/bin/symmgen -q -D world=$ngpu -o "$bench_dir" specs/bench.lua >> "$out/machine.log" 2>&1
+    fi
+}
 # memcheck and racecheck of three of the default spec's layout-expert variants
 # at world 2 with SYMM_TUNE=$2: steps sanitizer-TOOL-$1.
 expert_sanitizers() { # name tune
@@ -271,11 +281,8 @@ for s in "$@"; do
         done ;;
     ab) # this tree's kernels against BUILD/ab's (scripts/ab-prepare.sh REV), alternated in one call, at the
         # host's world (DEVICE_GPUS), a rank per GPU
-        pm=out/bench/manifest.json om=$build/ab/bench/manifest.json
-        if [ "$ngpu" -ne 2 ]; then
-            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
-            pm=out/bench-w$ngpu/manifest.json om=$build/ab/bench-w$ngpu/manifest.json
-        fi
+        bench_at_world
+        pm=$bench_dir/manifest.json om=$build/ab/${bench_dir#out/}/manifest.json
         if [ ! -f "$om" ]; then
             summary+=("ab: no $om (run scripts/ab-prepare.sh REV before the call)")
         else
@@ -376,11 +383,8 @@ for s in "$@"; do
     bench-check | bench-sanitize) # check --quick of specs/bench.lua's variants BENCH_VARIANTS (comma-separated;
         # default its layout-expert variants, both orders, at decode and prefill) at the host's world, a rank per
         # GPU; bench-sanitize: memcheck and racecheck of them (default the decode ones) with two graph replays
-        bm=out/bench/manifest.json
-        if [ "$ngpu" -ne 2 ]; then
-            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
-            bm=out/bench-w$ngpu/manifest.json
-        fi
+        bench_at_world
+        bm=$bench_dir/manifest.json
         if [ "$s" = bench-check ]; then
             list=${BENCH_VARIANTS:-bench_dsv3_decode_expert,bench_dsv3_decode_expert_k,bench_dsv3_prefill_expert,bench_dsv3_prefill_expert_k}
         else
@@ -455,20 +459,14 @@ for s in "$@"; do
             "$build/tests-gpu/test_variant" ;;
     bench) step bench "${BENCH_STEP_LIMIT:-570}" env SYMM_BUILD_DIR="$build" BENCH_OUT="$final" scripts/bench.sh ${BENCH_ARGS:-} ;;
     profile) # phase times of rows PROFILE_GROUPS (a,b) at the host's world, a rank per GPU
-        pm=out/bench/manifest.json
-        if [ "$ngpu" -ne 2 ]; then
-            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
-            pm=out/bench-w$ngpu/manifest.json
-        fi
+        bench_at_world
+        pm=$bench_dir/manifest.json
         step profile 300 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest "$pm" --groups "${PROFILE_GROUPS:-a,b}" --no-nccl --profile ;;
     spans) # where each kind of warp spends its time (PROFILE=2, docs/api.md "Spans"): rows PROFILE_GROUPS (g,a,b) at
            # the host's world, a rank per GPU
-        pm=out/bench/manifest.json
-        if [ "$ngpu" -ne 2 ]; then
-            $build/bin/symmgen -q -D world=$ngpu -o out/bench-w$ngpu specs/bench.lua >> "$out/machine.log" 2>&1
-            pm=out/bench-w$ngpu/manifest.json
-        fi
+        bench_at_world
+        pm=$bench_dir/manifest.json
         step spans 540 env SYMM_CACHE_DIR=/tmp/symm-cache $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" \
             --manifest "$pm" --groups "${PROFILE_GROUPS:-g,a,b}" --no-nccl --profile=2 --reps "${SPANS_REPS:-20}"
           [ -f "$out/spans.log" ] && cp "$out/spans.log" "$final/spans.log" ;;

@@ -219,6 +219,13 @@ static void echo_machine(const char *dir, int gpus, int used, char *env, size_t 
         snprintf(env, size, "DEVICE_GPUS=%d", used);
 }
 
+/* What echo_machine's symmrun prints when a step runs a rank on each of
+ * its first n GPUs (2 or 4). */
+static void symmrun_ranks(char *want, size_t size, int n)
+{
+    snprintf(want, size, "symmrun -n %d --gpus %s ", n, n == 2 ? "0,1" : "0,1,2,3");
+}
+
 /* DEVICE_GPUS must name from 1 to the machine's GPUs (a fake machine of 2). */
 Test(device_run, refuses_device_gpus_outside_1_to_the_machine_s_gpus)
 {
@@ -344,11 +351,9 @@ Test(device_run, spans_runs_moe_bench_at_profile_2_a_rank_per_gpu)
                  "cat $d/out/spans.log",
                  dir, used, cases[c].groups ? "PROFILE_GROUPS=" : "", cases[c].groups ? cases[c].groups : "");
         cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
-        char ranks[32], gpus[32];
-        int n = cases[c].used ? cases[c].used : cases[c].gpus;
-        snprintf(ranks, sizeof ranks, "-n %d ", n);
-        snprintf(gpus, sizeof gpus, "--gpus %s ", n == 2 ? "0,1" : "0,1,2,3");
-        const char *want[] = {"symmrun ",  ranks, gpus, "bench/moe_bench", "--profile=2", "--no-nccl", cases[c].want_groups,
+        char ranks[64];
+        symmrun_ranks(ranks, sizeof ranks, cases[c].used ? cases[c].used : cases[c].gpus);
+        const char *want[] = {ranks, "bench/moe_bench", "--profile=2", "--no-nccl", cases[c].want_groups,
                               cases[c].manifest};
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
             cr_assert(strstr(out, want[i]), "%d GPUs: no \"%s\" in: %s", cases[c].gpus, want[i], out);
@@ -395,7 +400,7 @@ Test(device_run, ab_runs_both_sides_at_the_host_s_world)
         cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
         const int n = cases[c].used ? cases[c].used : cases[c].gpus;
         char ranks[64], new_m[256], old_m[256], world[64];
-        snprintf(ranks, sizeof ranks, "symmrun -n %d --gpus %s ", n, n == 2 ? "0,1" : "0,1,2,3");
+        symmrun_ranks(ranks, sizeof ranks, n);
         snprintf(new_m, sizeof new_m, "--manifest %s ", cases[c].new_manifest);
         snprintf(old_m, sizeof old_m, "--manifest %s/%s ", dir, cases[c].old_manifest);
         snprintf(world, sizeof world, "rows g at world %d,", n);
@@ -443,7 +448,7 @@ Test(device_run, bench_check_and_sanitize_take_the_bench_variants_at_the_host_s_
                  cases[c].step, cases[c].logs);
         cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
         char ranks[64];
-        snprintf(ranks, sizeof ranks, "symmrun -n %d --gpus %s ", cases[c].gpus, cases[c].gpus == 2 ? "0,1" : "0,1,2,3");
+        symmrun_ranks(ranks, sizeof ranks, cases[c].gpus);
         const char *wants[] = {ranks, cases[c].manifest, "--quick --graph-replays 2", cases[c].want};
         for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
             cr_assert(strstr(out, wants[i]), "%s, %d GPUs: no \"%s\" in: %s", cases[c].step, cases[c].gpus, wants[i], out);
