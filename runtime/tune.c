@@ -43,8 +43,8 @@ static const struct knob {
     {"SUM_LEAN", 0, 1},     /* combine: 1: the sums without a branch a lane (layout expert by rank without PARTIAL_GRID; sources in one round; default 1, not layout rank pushing at decode) */
     {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words (default 1) */
     {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 4) */
-    {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 0) */
-    {"CHAIN_WORDS", 0, 1},  /* dispatch, CHAIN_GRID: 1: the chain copies from the sources' words, no scan (default 0) */
+    {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 1) */
+    {"CHAIN_WORDS", 0, 1},  /* dispatch, DEDUP without CHAIN_STREAM: 1: the chain copies from the sources' words, no scan (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

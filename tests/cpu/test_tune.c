@@ -588,14 +588,20 @@ Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_set
 /* CHAIN_GRID (default 1 where it applies) changes the code only where it
  * applies: layout expert by rank with DEDUP and without CHAIN_STREAM
  * (max_tokens <= 512 here), the pulling combine's variants too (their
- * dispatch is the same); layout rank and the ascending-k order compile to
- * the default's code with either value, and so does layout expert by rank
- * with CHAIN_STREAM 1. */
+ * dispatch is the same), and there only with CHAIN_WORDS 0 (CHAIN_WORDS,
+ * the default, copies the chains in its place); layout rank and the
+ * ascending-k order compile to the default's code with either value, and
+ * so does layout expert by rank with CHAIN_STREAM 1. */
 Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .init = gen_setup,
      .fini = gen_teardown)
 {
-    check_decode_knob("CHAIN_GRID", 1, NULL, 0, true, true);
+    check_decode_knob("CHAIN_GRID", 1, "CHAIN_WORDS", 0, true, true);
     check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
+}
+
+Test(tune, chain_grid_changes_nothing_with_chain_words, .init = gen_setup, .fini = gen_teardown)
+{
+    check_decode_knob("CHAIN_GRID", 1, NULL, 0, false, false);
 }
 
 /* SUM_PREFETCH (default 1 for layout expert, 0 for layout rank): at the
@@ -647,31 +653,35 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
 }
 
-/* PUSH_ORDER (default 0) compiles to the default's code at 0 and changes
- * only the ascending-k order's variants (dispatch's words and combine's
- * pushes), at decode and at prefill; never layout rank or layout expert by
- * rank. */
+/* PUSH_ORDER (default 1 where it applies) compiles to the default's code
+ * at 1 and changes only the ascending-k order's variants (dispatch's words
+ * and combine's pushes), at decode and at prefill; never layout rank or
+ * layout expert by rank. */
 Test(tune, the_push_order_knob_changes_only_the_ascending_k_order, .init = gen_setup_bench, .fini = gen_teardown)
 {
-    check_knob_case("bf16_expert_order_k_w2", "PUSH_ORDER", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_prefill_expert_k", "PUSH_ORDER", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "PUSH_ORDER", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert", "PUSH_ORDER", 0, NULL, 0, false);
-    check_knob_case("bf16_rank_w2", "PUSH_ORDER", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_order_k_w2", "PUSH_ORDER", 1, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_prefill_expert_k", "PUSH_ORDER", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "PUSH_ORDER", 1, NULL, 0, false);
+    check_knob_case("bench/bench_dsv3_prefill_expert", "PUSH_ORDER", 1, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "PUSH_ORDER", 1, NULL, 0, false);
 }
 
-/* CHAIN_WORDS (default 0) compiles to the default's code at 0 and changes
- * dispatch where CHAIN_GRID copies the chains (layout expert by rank at
- * decode), and nothing elsewhere: CHAIN_GRID off, the ascending-k order,
- * CHAIN_STREAM (prefill), layout rank. */
-Test(tune, the_chain_words_knob_changes_only_the_grids_chain_copies, .init = gen_setup_bench, .fini = gen_teardown)
+/* CHAIN_WORDS (default 1 where it applies) compiles to the default's code
+ * at 1 and changes dispatch where the chains are copied after the rows
+ * (DEDUP without CHAIN_STREAM, at decode here), in both combine orders,
+ * whatever CHAIN_GRID says; nothing with CHAIN_STREAM (prefill, or forced
+ * on), nor layout rank. */
+Test(tune, the_chain_words_knob_changes_only_the_chain_copies_after_the_rows, .init = gen_setup_bench,
+     .fini = gen_teardown)
 {
-    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode_expert", "CHAIN_WORDS", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 0, "CHAIN_GRID", 0, false);
-    check_knob_case("bf16_expert_order_k_w2", "CHAIN_WORDS", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert", "CHAIN_WORDS", 0, NULL, 0, false);
-    check_knob_case("bf16_rank_w2", "CHAIN_WORDS", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 1, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_decode_expert", "CHAIN_WORDS", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 1, "CHAIN_GRID", 0, true);
+    check_knob_case("bf16_expert_order_k_w2", "CHAIN_WORDS", 1, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_decode_expert_k", "CHAIN_WORDS", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 1, "CHAIN_STREAM", 1, false);
+    check_knob_case("bench/bench_dsv3_prefill_expert", "CHAIN_WORDS", 1, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "CHAIN_WORDS", 1, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
