@@ -16,9 +16,14 @@
  *   sum   each lane loads a 16-byte vector from two sources, adds them (fp32)
  *         and stores the sum, 8 in flight: a combine's sum;
  *   load  loads alone (each thread adds its vectors up, one store at the
- *         end), 8 in flight;  store  stores alone.
+ *         end), 8 in flight; ld16, ld24 the same with 16 and 24 in flight;
+ *   tld   loads alone through the TMA: both of a warp's 7 KiB staging slots
+ *         loading at once (224 KiB a block in flight), nothing stored but a
+ *         sum a warp: what bulk loads into shared memory can fetch (issue
+ *         28.1: layout expert's combine reads about five rows a token);
+ *   store stores alone.
  * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
- * pull (the peer's A -> this rank's B); sum local (A + C -> B), sum pull
+ * pull (the peer's A -> this rank's B; the loads: the peer's A); sum local (A + C -> B), sum pull
  * (this rank's A + the peer's A -> B), sum push (this rank's A + C -> the
  * peer's B: local loads, the sums stored over NVLink from the lanes, as
  * layout expert's combine forms and pushes its partial sums, bench/NOTES.md
@@ -65,7 +70,13 @@
 
 #include "link_probe_kernels.h"
 
-typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_COUNT } kernel_kind;
+typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_LOAD16, K_LOAD24, K_TMA_LOAD, K_COUNT } kernel_kind;
+static const char *const kernel_names[K_COUNT] = {"tma", "lsu", "sum", "load", "store", "ld16", "ld24", "tld"};
+/* Loads alone: no push mode; their check reads the sums they stored. */
+static bool loads_only(kernel_kind k)
+{
+    return k == K_LOAD || k == K_LOAD16 || k == K_LOAD24 || k == K_TMA_LOAD;
+}
 /* M_SPREAD: push to every peer at once, chunk c (CHUNK bytes) to the
  * (c mod (W - 1))-th rank after this one; only where W > 2, tma and lsu. */
 typedef enum { M_LOCAL, M_PUSH, M_PULL, M_SPREAD, M_COUNT } mode_kind;
@@ -81,6 +92,7 @@ typedef struct probe {
     int sms[MAX_SMS_LIST];
     int n_sms;
     bool shared_gpu;
+    unsigned kernels; /* bit k: kernel_kind k's rows; bit K_COUNT: the exchanges (--kernels) */
     CUmodule mod;
     CUfunction fn[K_COUNT];
     CUfunction spread[2]; /* tma_spread, lsu_spread */
@@ -112,7 +124,7 @@ static int usage(const char *fmt, const char *arg)
     fputs("link_probe: ", stderr);
     fprintf(stderr, fmt, arg);
     fputs("\nusage: symmrun -n N [--gpus LIST] link_probe [--mib N] [--sms LIST] [--reps N] [--xchg-kib N] "
-          "[--shared-gpu]\n", stderr);
+          "[--kernels LIST] [--shared-gpu]\n", stderr);
     return 2;
 }
 
@@ -138,6 +150,7 @@ static int parse_args(probe *p, int argc, char **argv)
     static const int default_sms[] = {8, 16, 24, 32, 48, 64, 132};
     p->n_sms = (int)(sizeof default_sms / sizeof default_sms[0]);
     memcpy(p->sms, default_sms, sizeof default_sms);
+    p->kernels = (1u << (K_COUNT + 1)) - 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--shared-gpu")) {
@@ -174,6 +187,24 @@ static int parse_args(probe *p, int argc, char **argv)
             }
             if (p->n_sms == 0)
                 return usage("--sms \"%s\": expected counts separated by commas", val);
+        } else if (!strcmp(a, "--kernels")) {
+            /* Which rows: kernel names (the table's kern column) and xchg. */
+            p->kernels = 0;
+            char copy[256];
+            if (strlen(val) >= sizeof copy)
+                return usage("--kernels \"%s\": too long", val);
+            strcpy(copy, val);
+            for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+                int k = 0;
+                while (k < K_COUNT && strcmp(tok, kernel_names[k]))
+                    k++;
+                if (k == K_COUNT && strcmp(tok, "xchg"))
+                    return usage("--kernels: unknown kernel \"%s\" (expected tma, lsu, sum, load, store, ld16, ld24, "
+                                 "tld or xchg)", tok);
+                p->kernels |= 1u << k;
+            }
+            if (!p->kernels)
+                return usage("--kernels \"%s\": expected names separated by commas", val);
         } else {
             return usage("unknown argument \"%s\"", a);
         }
@@ -200,10 +231,12 @@ static void setup(probe *p)
         st = symm_jit_load(res.cubin, res.cubin_size, &p->mod);
     symm_jit_result_free(&res);
     check(p, st, "compiling the probe kernels");
-    static const char *const names[K_COUNT] = {"tma_copy", "lsu_copy", "lsu_sum", "lsu_load", "lsu_store"};
+    static const char *const names[K_COUNT] = {"tma_copy",   "lsu_copy",   "lsu_sum",  "lsu_load",
+                                               "lsu_store",  "lsu_load16", "lsu_load24", "tma_load"};
     for (int k = 0; k < K_COUNT; k++)
         check(p, symm_jit_get_function(p->mod, names[k], &p->fn[k]), names[k]);
     CU(p, cuFuncSetAttribute(p->fn[K_TMA], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
+    CU(p, cuFuncSetAttribute(p->fn[K_TMA_LOAD], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
     check(p, symm_jit_get_function(p->mod, "tma_spread", &p->spread[0]), "tma_spread");
     check(p, symm_jit_get_function(p->mod, "lsu_spread", &p->spread[1]), "lsu_spread");
     CU(p, cuFuncSetAttribute(p->spread[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
@@ -270,12 +303,13 @@ static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
     CUdeviceptr a = region(p, p->rank, 0);
     void *args_sum[] = {&a, &other, &dst, &vecs};
     void *args_load[] = {&src, &vecs, &dst}; /* dst: the sums, one a thread */
+    void *args_tma_load[] = {&src, &bytes, &chunk, &dst}; /* dst: the sums, one a warp */
     unsigned word = 0x3f800000u + (unsigned)p->rank * 0x10000u;
     void *args_store[] = {&dst, &vecs, &word};
-    void **args = k == K_TMA ? args_tma : k == K_LSU ? args_lsu : k == K_SUM ? args_sum : k == K_LOAD ? args_load
-                                                                                                      : args_store;
-    CU(p, cuLaunchKernel(p->fn[k], (unsigned)sms, 1, 1, 512, 1, 1, k == K_TMA ? COPY_SMEM : 0, p->stream, args,
-                         NULL));
+    void **args = k == K_TMA ? args_tma : k == K_LSU ? args_lsu : k == K_SUM ? args_sum : k == K_STORE ? args_store
+                : k == K_TMA_LOAD ? args_tma_load : args_load;
+    const unsigned smem = k == K_TMA || k == K_TMA_LOAD ? COPY_SMEM : 0;
+    CU(p, cuLaunchKernel(p->fn[k], (unsigned)sms, 1, 1, 512, 1, 1, smem, p->stream, args, NULL));
 }
 
 /* What B of the destination rank must hold after a run. */
@@ -302,7 +336,24 @@ static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
         memcpy(&y, &other, 4);
         want = x + y;
     }
-    if (k == K_LOAD) {
+    if (k == K_TMA_LOAD) {
+        /* Warp g added up the first word of chunks g, g + G, ... (G warps), each `from`. */
+        const unsigned long long n = (p->bytes + CHUNK - 1) / CHUNK, warps = (unsigned long long)sms_of_run * 16;
+        const unsigned long long idx[2] = {0, warps - 1};
+        for (int i = 0; i < 2; i++) {
+            unsigned sum;
+            CU(p, cuMemcpyDtoH(&sum, region(p, p->rank, 1) + idx[i] * 4, sizeof sum));
+            const unsigned long long count = n > idx[i] ? (n - idx[i] + warps - 1) / warps : 0;
+            const unsigned want_sum = (unsigned)(count * from);
+            if (sum != want_sum) {
+                fprintf(stderr, "link_probe: rank %d: warp %llu's sum is 0x%08x, expected 0x%08x\n", p->rank, idx[i],
+                        sum, want_sum);
+                return false;
+            }
+        }
+        return true;
+    }
+    if (loads_only(k)) {
         /* Thread i added up vectors i, i + T, ... (T threads), each four words `from`. */
         const unsigned long long n = p->bytes / 16, threads = (unsigned long long)sms_of_run * 512;
         const unsigned long long idx[2] = {0, threads - 1};
@@ -397,7 +448,6 @@ static void launch_row(probe *p, int k, int m, int sms)
 
 static void row(probe *p, kernel_kind k, mode_kind m, int sms)
 {
-    static const char *const kname[K_COUNT] = {"tma", "lsu", "sum", "load", "store"};
     static const char *const mname[M_COUNT] = {"local", "push", "pull", "spread"};
     fill(p);
     launch(p, k, m, sms);
@@ -415,9 +465,9 @@ static void row(probe *p, kernel_kind k, mode_kind m, int sms)
     double p50, p90;
     time_reps(p, launch_row, k, m, sms, 1, &p50, &p90);
     /* Bytes each SM loads and stores; bytes that cross per GPU. */
-    const double traffic = (double)p->bytes * (k == K_SUM ? 3 : k == K_LOAD || k == K_STORE ? 1 : 2);
+    const double traffic = (double)p->bytes * (k == K_SUM ? 3 : loads_only(k) || k == K_STORE ? 1 : 2);
     const double remote = m == M_LOCAL ? 0 : (double)p->bytes;
-    print_row(p, kname[k], mname[m], sms, p50, p90, traffic, remote, sum_ok == p->size);
+    print_row(p, kernel_names[k], mname[m], sms, p50, p90, traffic, remote, sum_ok == p->size);
     if (sum_ok != p->size)
         p->failed = 1;
 }
@@ -522,9 +572,11 @@ int main(int argc, char **argv)
         const int sms = p.sms[s] < p.sm_count ? p.sms[s] : p.sm_count;
         for (int k = 0; k < K_COUNT; k++)
             for (int m = 0; m < M_COUNT; m++) {
+                if (!(p.kernels >> k & 1))
+                    continue;
                 if (m == M_SPREAD && (p.size < 3 || (k != K_TMA && k != K_LSU)))
                     continue; /* spread: tma and lsu where there are several peers */
-                if (k == K_LOAD && m == M_PUSH)
+                if (loads_only((kernel_kind)k) && m == M_PUSH)
                     continue; /* a load is pulled or local */
                 if (k == K_STORE && m == M_PULL)
                     continue; /* a store is pushed or local */
@@ -532,7 +584,7 @@ int main(int argc, char **argv)
                     continue;
                 row(&p, (kernel_kind)k, (mode_kind)m, sms);
             }
-        if (p.size > 1 && xchg_fits(&p))
+        if (p.size > 1 && (p.kernels >> K_COUNT & 1) && xchg_fits(&p))
             for (int line = 0; line < 2; line++)
                 xchg_row(&p, line, sms);
     }

@@ -529,7 +529,10 @@ for s in "$@"; do
             echo quit | nvidia-cuda-mps-control
             unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
         fi ;;
-    probe) step link_probe 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/link_probe" --sms 8,16,24,32,48,64 --reps 20 ;;
+    probe) # bench/link_probe; PROBE_ARGS (optional) replaces its arguments, e.g. "--sms 24 --kernels load,tld"
+        # shellcheck disable=SC2086 # PROBE_ARGS: words
+        step link_probe 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/link_probe" \
+            ${PROBE_ARGS:---sms 8,16,24,32,48,64 --reps 20} ;;
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;

@@ -27,8 +27,9 @@
 #include "../../bench/link_probe_kernels.h"
 
 /* The kernels link_probe looks up by name. */
-static const char *const kernels[] = {"tma_copy", "tma_spread", "lsu_copy", "lsu_spread", "lsu_sum",
-                                      "lsu_load", "lsu_store", "xchg_flag", "xchg_line"};
+static const char *const kernels[] = {"tma_copy",   "tma_spread", "lsu_copy", "lsu_spread", "lsu_sum",
+                                      "lsu_load",   "lsu_load16", "lsu_load24", "tma_load", "lsu_store",
+                                      "xchg_flag", "xchg_line"};
 
 /* Runs `command` through the shell; its stdout and stderr in out. */
 static int run(const char *command, char *out, size_t size)
