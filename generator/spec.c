@@ -2372,15 +2372,30 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
     ok[F_HOSTS] = take_hosts(c, v);
 }
 
-/* The largest max_tokens whose worst case fits both limits (0 if none). */
-static int64_t max_tokens_that_fit(const sg_variant *v, int64_t row_bytes)
+/* Layout expert with a peer and top-k above 1: dispatch leaves each peer a
+ * word per token that holds the token's first row there and how many of
+ * its rows follow (templates/cu/dispatch.cu.in, chain_len_value: row + 1 +
+ * capacity x rows after, at most capacity x min(topk, experts/world)), in
+ * an int32. The factor the worst-case capacity is multiplied by for that
+ * word; 1 where there is no such word. */
+static int64_t word_factor(const sg_variant *v)
+{
+    const int64_t local = v->experts / v->world;
+    if (v->layout != SYMM_LAYOUT_EXPERT || v->topk < 2 || v->world < 2)
+        return 1;
+    return v->topk < local ? v->topk : local;
+}
+
+/* The largest max_tokens whose worst case is at most rows_max rows and fits
+ * in 1 TiB (0 if none). */
+static int64_t max_tokens_that_fit(const sg_variant *v, int64_t row_bytes, int64_t rows_max)
 {
     sg_variant t = *v;
     int64_t lo = 0, hi = v->max_tokens;
     while (hi - lo > 1) {
         t.max_tokens = (int)((lo + hi) / 2);
         int64_t worst = sg_worst_capacity(&t);
-        if (worst <= INT32_MAX && worst * row_bytes <= BUFFER_BYTES_MAX)
+        if (worst <= rows_max && worst * row_bytes <= BUFFER_BYTES_MAX)
             lo = t.max_tokens;
         else
             hi = t.max_tokens;
@@ -2403,7 +2418,7 @@ static void check_sizes(check *c, sg_variant *v)
         else
             append(why, "the worst-case buffers, %lld rows of %lld bytes, must fit in 1 TiB",
                    (long long)worst, (long long)row);
-        int64_t fit = max_tokens_that_fit(v, row);
+        int64_t fit = max_tokens_that_fit(v, row, INT32_MAX);
         if (fit > 0) {
             got_expected(c, F_MAX_TOKENS, "at most %lld (%s)", (long long)fit, why);
             return;
@@ -2415,10 +2430,26 @@ static void check_sizes(check *c, sg_variant *v)
                      (long long)sg_worst_capacity(&one), (long long)row);
         return;
     }
-    if (v->capacity_set && v->capacity > worst)
+    if (v->capacity_set && v->capacity > worst) {
         got_expected(c, F_CAPACITY, "1..%lld (the worst case, %s)", (long long)worst, formula);
+        return;
+    }
     if (!v->capacity_set)
         v->capacity = worst;
+    /* The capacity (set, or the worst case) in dispatch's words. */
+    const int64_t factor = word_factor(v), cap_max = INT32_MAX / factor;
+    if (v->capacity <= cap_max)
+        return;
+    if (v->capacity_set) {
+        got_expected(c, F_CAPACITY, "at most %lld (the capacity times min(topk, experts/world), %lld, must fit in "
+                     "int32: dispatch's word per token holds a row and how many follow)", (long long)cap_max,
+                     (long long)factor);
+        return;
+    }
+    got_expected(c, F_MAX_TOKENS, "at most %lld, or a capacity of at most %lld (the worst-case capacity, %lld "
+                 "rows, times min(topk, experts/world), %lld, must fit in int32: dispatch's word per token holds a "
+                 "row and how many follow)", (long long)max_tokens_that_fit(v, row, cap_max), (long long)cap_max,
+                 (long long)worst, (long long)factor);
 }
 
 static void check_combinations(check *c, sg_variant *v, const bool *ok)

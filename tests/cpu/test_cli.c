@@ -1322,16 +1322,17 @@ Test(cli, every_variant_of_every_spec_in_specs_compiles)
     cr_assert(specs >= 1);
 }
 
-/* The largest capacities compile: a layout-expert variant whose worst case
- * is 2^27 rows or more (world 8, max_tokens 2^20, top-16 of 128 experts)
- * keeps its dispatch's chain heads in 8-byte words, where the usual ones
- * (row << 4 | list length) would not fit an int; one with a capacity just
- * below keeps the 4-byte words. Both with DEDUP, so both use the heads. */
+/* The largest capacities compile: dispatch's word per token holds a row
+ * and how many follow, capacity x min(topk, experts/world) within int32
+ * (generator/spec.c), and at that bound the variant compiles: world 8,
+ * top-16 of 128 experts, a worst case of 134217600 rows at max_tokens
+ * 2^20 - 1, and a capacity set to 2^27 - 1 (int32 / 16) at max_tokens 2^20
+ * (whose worst case, 2^27 rows, would not fit). Both with DEDUP. */
 Test(cli, layout_expert_at_the_largest_capacities_compiles)
 {
     wf_watchdog(600);
     write_at("big.lua", "layout { name = 'big_expert', hidden = 64, topk = 16, experts = 128, world = 8,\n"
-                        "         max_tokens = 1048576, dtype = 'bf16', layout = 'expert' }\n"
+                        "         max_tokens = 1048575, dtype = 'bf16', layout = 'expert' }\n"
                         "layout { name = 'below_expert', hidden = 64, topk = 16, experts = 128, world = 8,\n"
                         "         max_tokens = 1048576, dtype = 'bf16', layout = 'expert',\n"
                         "         capacity = 134217727 }\n");
@@ -1339,8 +1340,9 @@ Test(cli, layout_expert_at_the_largest_capacities_compiles)
     FMT(spec, "%s/big.lua", work);
     result list = RUN("--list", "--json", spec);
     cr_assert_eq(list.status, 0, "%s", list.err);
-    cr_assert(strstr(list.out, "\"capacity\":134217728") || strstr(list.out, "\"capacity\": 134217728"),
-              "the worst case is not 2^27 rows: %s", list.out);
+    cr_assert((strstr(list.out, "\"capacity\":134217600") || strstr(list.out, "\"capacity\": 134217600")) &&
+                  (strstr(list.out, "\"capacity\":134217727") || strstr(list.out, "\"capacity\": 134217727")),
+              "the capacities are not 134217600 and 2^27 - 1: %s", list.out);
     result_free(&list);
-    expect_compiles(spec, "layout expert at capacities 2^27 and 2^27 - 1");
+    expect_compiles(spec, "layout expert at capacities 134217600 and 2^27 - 1");
 }

@@ -728,28 +728,60 @@ Test(spec, capacity_above_the_worst_case_is_refused)
 
 Test(spec, worst_case_too_large_names_max_tokens)
 {
-    /* Rows must fit in int32: 128 ranks, 16 copies per token. */
+    /* Rows must fit in int32: 128 ranks, 16 copies per token; and for
+     * layout expert the capacity times min(topk, experts/world) (16 here),
+     * which dispatch's word per token holds (a row and how many follow):
+     * a smaller max_tokens or a capacity of at most int32 / 16. */
     int align = (int)rnd(1, 4096);
     long long local = 8192 / 128;
     long long fit_rows = (2147483647LL - local * (align - 1)) / (128 * 16);
+    long long fit_words = (2147483647LL / 16 - local * (align - 1)) / (128 * 16);
     /* Still within max_tokens' own range (1..1048576). */
     long long tokens = fit_rows + rnd(1, (unsigned)(1048576 - fit_rows));
     long long rows = 128 * 16 * tokens + local * (align - 1);
+    long long tokens_w = fit_words + rnd(1, (unsigned)(fit_rows - fit_words));
+    long long rows_w = 128 * 16 * tokens_w + local * (align - 1);
     /* Bytes must fit in 1 TiB: 2 ranks of 4 MiB rows fit 2^17 tokens. */
     long long tokens_b = (1LL << 17) + rnd(1, 1000);
     const char *path = write_file("spec.lua",
         "%slayout { name = \"big_rows\", hidden = 128, topk = 16, experts = 8192, world = 128,"
         " max_tokens = %lld, layout = \"expert\", align = %d }\n"
         "layout { name = \"big_bytes\", hidden = 1048576, dtype = \"fp32\", topk = 1, experts = 2, world = 2,"
-        " max_tokens = %lld }\n",
-        padding(), tokens, align, tokens_b);
+        " max_tokens = %lld }\n"
+        "layout { name = \"big_words\", hidden = 128, topk = 16, experts = 8192, world = 128,"
+        " max_tokens = %lld, layout = \"expert\", align = %d }\n"
+        "layout { name = \"big_cap\", hidden = 128, topk = 16, experts = 8192, world = 128,"
+        " max_tokens = %lld, layout = \"expert\", align = %d, capacity = 134217728 }\n",
+        padding(), tokens, align, tokens_b, tokens_w, align, tokens_w, align);
     cr_assert(load(path) == -1);
     expect_message("%s:%d: variant big_rows: field max_tokens: got %lld, expected at most %lld (the worst-case "
                    "capacity, %lld rows, must fit in int32)", path, pad_lines + 1, tokens, fit_rows, rows);
     expect_message("%s:%d: variant big_bytes: field max_tokens: got %lld, expected at most %lld (the worst-case "
                    "buffers, %lld rows of %lld bytes, must fit in 1 TiB)", path, pad_lines + 2, tokens_b,
                    1LL << 17, 2 * tokens_b, 4LL << 20);
-    expect_count(2);
+    expect_message("%s:%d: variant big_words: field max_tokens: got %lld, expected at most %lld, or a capacity of "
+                   "at most 134217727 (the worst-case capacity, %lld rows, times min(topk, experts/world), 16, must "
+                   "fit in int32: dispatch's word per token holds a row and how many follow)", path, pad_lines + 3,
+                   tokens_w, fit_words, rows_w);
+    expect_message("%s:%d: variant big_cap: field capacity: got 134217728, expected at most 134217727 (the "
+                   "capacity times min(topk, experts/world), 16, must fit in int32: dispatch's word per token holds "
+                   "a row and how many follow)", path, pad_lines + 4);
+    expect_count(4);
+}
+
+/* The word bound multiplies the capacity by min(topk, experts/world):
+ * layout rank at 2^27 rows (above int32 / 16) is accepted, and so are
+ * layout expert at top-2 with 2^28 rows (2^29 in the word) and at top-16
+ * with its capacity set to int32 / 16 below a worst case above it. */
+Test(spec, the_word_bound_is_the_capacity_times_min_topk_local)
+{
+    const char *path = write_file("spec.lua",
+        "layout { name = \"rank_rows\", hidden = 128, topk = 16, experts = 8192, world = 128, max_tokens = 1048576 }\n"
+        "layout { name = \"expert_top2\", hidden = 128, topk = 2, experts = 8192, world = 128,"
+        " max_tokens = 1048576, layout = \"expert\" }\n"
+        "layout { name = \"expert_cap\", hidden = 128, topk = 16, experts = 8192, world = 128,"
+        " max_tokens = 1000000, layout = \"expert\", capacity = 134217727 }\n");
+    cr_assert(load(path) == 0, "%s", messages());
 }
 
 Test(spec, every_error_is_reported_in_order)
