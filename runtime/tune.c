@@ -35,7 +35,6 @@ static const struct knob {
     {"GRID_PACK", 0, 1},       /* combine, PARTIAL_GRID: 1: a part of few rows loads several chunks a round */
     {"CHAIN_STREAM", 0, 1}, /* dispatch, layout expert with DEDUP: 1: heads copied into their chains as they land */
     {"CHAIN_WARPS", 0, 8},  /* dispatch, CHAIN_STREAM: warps per block that only copy chains (send no rows) */
-    {"CHAIN_GRID", 0, 1},   /* dispatch, DEDUP without CHAIN_STREAM, by rank: 1: the chain copies dealt over the grid (default 1) */
     {"SUM_PREFETCH", 0, 1}, /* combine: 1: a summing warp asks L2 for its token's local rows first (default 1 for layout expert, 0 for layout rank) */
     {"PART_FLAT", 0, 1},    /* combine, PUSH_PARTIALS: 1: a chunk's rows all loaded before they are summed (default 1) */
     {"PUSH_SLOTS", 1, 4},   /* combine, rows pushed whole (not PUSH_PARTIALS, PARTIAL_GRID): a push warp's staging slots (default 3 or BULK_SLOTS) */
@@ -44,7 +43,6 @@ static const struct knob {
     {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words (default 1) */
     {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 4) */
     {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 1) */
-    {"CHAIN_WORDS", 0, 1},  /* dispatch, DEDUP without CHAIN_STREAM: 1: the chain copies from the sources' words, no scan (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

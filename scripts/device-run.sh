@@ -57,14 +57,11 @@
 #        2 GPUs), chains-warps (rows g with CHAIN_WARPS 2 and 8),
 #        chains-profile (rows g's phase times, moe_bench --profile, with
 #        CHAIN_STREAM on and off),
-#        chain-grid (layout expert's chain copies dealt over the grid,
-#        CHAIN_GRID, on by default, bench/NOTES.md 62: check --quick of the
-#        default spec with the knob on at every max_tokens (CHAIN_STREAM=0)
-#        at world 2 (also with BULK_SLOTS 2) and 4 and of worlds.lua at 3,
-#        the per-block copies (CHAIN_GRID=0) at world 2, memcheck and
-#        racecheck of the default's expert variants, then rows g timed with
-#        the knob on and off, CG_ROUNDS rounds (default 2, bench-tune.sh
-#        --rounds: the order reversed in even rounds), and their profiles),
+#        chain-words (layout expert's chain copies after the rows from the
+#        sources' words, CHAIN_WORDS, bench/NOTES.md 99: check --quick of the
+#        default spec with it at every max_tokens (CHAIN_STREAM=0) at world 2
+#        (also with BULK_SLOTS 2) and 4 and of worlds.lua at 3, memcheck and
+#        racecheck of the default's expert variants),
 #        slots (rows SLOTS_GROUPS, default g, with the tunings SLOTS_TUNINGS,
 #        default PARTIAL_SLOTS 1, 2, 3 and the bulk-stored parts), interleave (rows a, b, f
 #        at the host's world with PUSH_INTERLEAVE on and off),
@@ -257,28 +254,18 @@ for s in "$@"; do
             step "chains-profile-$knobs" 280 env SYMM_TUNE="$tune" SYMM_CACHE_DIR=/tmp/symm-cache $run -n 2 --gpus "$gpus" -- \
                 "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile
         done ;;
-    chain-grid) # layout expert's chain copies dealt over the whole grid (CHAIN_GRID, on by default; bench/NOTES.md 62)
-        step check-w2-chain-grid 240 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
+    chain-words) # layout expert's chain copies after the rows, from the sources' words (CHAIN_WORDS, wherever
+        # CHAIN_STREAM is off: by default at max_tokens <= 512; bench/NOTES.md 99, 100), forced at every max_tokens
+        step check-w2-chain-words 240 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 2 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --quick --time 20
-        step check-w2-chain-grid-slots2 240 env SYMM_TUNE=CHAIN_STREAM=0,BULK_SLOTS=2 $run -n 2 --gpus "$gpus" -- \
+        step check-w2-chain-words-slots2 240 env SYMM_TUNE=CHAIN_STREAM=0,BULK_SLOTS=2 $run -n 2 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5 \
             --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2 --variant fp8_expert_a128_w2
-        step check-w2-chain-grid-off 240 env SYMM_TUNE=CHAIN_GRID=0 $run -n 2 --gpus "$gpus" -- \
-            "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 5 \
-            --variant bf16_expert_w2 --variant fp16_expert_a8_cap_w2 --variant fp8_expert_a128_w2
-        step check-w4-chain-grid 300 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
+        step check-w4-chain-words 300 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 4 --gpus "$gpus" -- "$build/tests-gpu/check" \
             --manifest out/default/manifest.json --quick --graph-replays 20
-        step check-worlds-w3-chain-grid 200 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 3 --gpus "$gpus" -- \
+        step check-worlds-w3-chain-words 200 env SYMM_TUNE=CHAIN_STREAM=0 $run -n 3 --gpus "$gpus" -- \
             "$build/tests-gpu/check" --manifest out/worlds/manifest.json --quick --graph-replays 5
-        expert_sanitizers chain-grid ""
-        step chain-grid-time 300 env SYMM_BUILD_DIR="$build" BENCH_OUT="$out/chain-grid" scripts/bench-tune.sh --groups g \
-            --rounds "${CG_ROUNDS:-2}" default CHAIN_GRID=0
-        [ -f "$out/chain-grid/tune.md" ] && cp "$out/chain-grid/tune.md" "$final/chain-grid.md"
-        for knobs in default CHAIN_GRID=0; do
-            tune=$knobs; [ "$knobs" = default ] && tune=
-            step "chain-grid-profile-$knobs" 200 env SYMM_TUNE="$tune" $run -n 2 --gpus "$gpus" -- \
-                "$build/bench/moe_bench" --manifest out/bench/manifest.json --groups g --no-nccl --profile=2 --reps 20
-        done ;;
+        expert_sanitizers chain-words CHAIN_STREAM=0 ;;
     ab) # this tree's kernels against BUILD/ab's (scripts/ab-prepare.sh REV), alternated in one call, at the
         # host's world (DEVICE_GPUS), a rank per GPU
         bench_at_world

@@ -38,10 +38,10 @@ static const struct {
     {"PREFETCH", 0, 1}, {"LOCAL_VEC", 0, 1}, {"PROFILE", 0, 2}, {"PDL", 0, 1}, {"DEDUP", 0, 1},
     {"PUSH_PARTIALS", 0, 1}, {"PARTIAL_SLOTS", 1, 4}, {"PARTIAL_LANES", 0, 1}, {"PUSH_INTERLEAVE", 0, 1},
     {"PARTIAL_GRID", 0, 1}, {"GRID_OWN", 0, 1}, {"GRID_PACK", 0, 1},
-    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"CHAIN_GRID", 0, 1}, {"SUM_PREFETCH", 0, 1},
+    {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"CHAIN_WORDS", 0, 1},
+    {"PUSH_ORDER", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -128,7 +128,7 @@ static void refused(const char *text, const char *item, const char *why)
     cr_assert(strstr(msg, "symm_variant_options.tune"), "\"%s\": no origin: %s", text, msg);
     cr_assert(strstr(msg, quoted), "\"%s\": the item is not named: %s", text, msg);
     cr_assert(strstr(msg, why), "\"%s\": expected \"%s\" in: %s", text, why, msg);
-    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "CHAIN_GRID 0..1"),
+    cr_assert(strstr(msg, "PUSH_WARPS 1..16") && strstr(msg, "DEDUP 0..1") && strstr(msg, "CHAIN_STREAM 0..1"),
               "\"%s\": the knobs are not listed: %s", text, msg);
 }
 
@@ -585,25 +585,6 @@ Test(tune, sum_lean_changes_only_the_sums_it_has_a_lean_form_of, .init = gen_set
     check_knob_case("bf16_expert_order_k_w2", "SUM_LEAN", 1, NULL, 0, true);
 }
 
-/* CHAIN_GRID (default 1 where it applies) changes the code only where it
- * applies: layout expert by rank with DEDUP and without CHAIN_STREAM
- * (max_tokens <= 512 here), the pulling combine's variants too (their
- * dispatch is the same), and there only with CHAIN_WORDS 0 (CHAIN_WORDS,
- * the default, copies the chains in its place); layout rank and the
- * ascending-k order compile to the default's code with either value, and
- * so does layout expert by rank with CHAIN_STREAM 1. */
-Test(tune, chain_grid_changes_only_layout_expert_by_rank_without_chain_stream, .init = gen_setup,
-     .fini = gen_teardown)
-{
-    check_decode_knob("CHAIN_GRID", 1, "CHAIN_WORDS", 0, true, true);
-    check_knob_case("bf16_expert_w2", "CHAIN_GRID", 1, "CHAIN_STREAM", 1, false);
-}
-
-Test(tune, chain_grid_changes_nothing_with_chain_words, .init = gen_setup, .fini = gen_teardown)
-{
-    check_decode_knob("CHAIN_GRID", 1, NULL, 0, false, false);
-}
-
 /* SUM_PREFETCH (default 1 for layout expert, 0 for layout rank): at the
  * default every variant compiles to the default's code, and at the other
  * value to other code where it applies: the prefetch before a token's sums
@@ -664,24 +645,6 @@ Test(tune, the_push_order_knob_changes_only_the_ascending_k_order, .init = gen_s
     check_knob_case("bf16_expert_w2", "PUSH_ORDER", 1, NULL, 0, false);
     check_knob_case("bench/bench_dsv3_prefill_expert", "PUSH_ORDER", 1, NULL, 0, false);
     check_knob_case("bf16_rank_w2", "PUSH_ORDER", 1, NULL, 0, false);
-}
-
-/* CHAIN_WORDS (default 1 where it applies) compiles to the default's code
- * at 1 and changes dispatch where the chains are copied after the rows
- * (DEDUP without CHAIN_STREAM, at decode here), in both combine orders,
- * whatever CHAIN_GRID says; nothing with CHAIN_STREAM (prefill, or forced
- * on), nor layout rank. */
-Test(tune, the_chain_words_knob_changes_only_the_chain_copies_after_the_rows, .init = gen_setup_bench,
-     .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 1, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode_expert", "CHAIN_WORDS", 1, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 1, "CHAIN_GRID", 0, true);
-    check_knob_case("bf16_expert_order_k_w2", "CHAIN_WORDS", 1, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode_expert_k", "CHAIN_WORDS", 1, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "CHAIN_WORDS", 1, "CHAIN_STREAM", 1, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert", "CHAIN_WORDS", 1, NULL, 0, false);
-    check_knob_case("bf16_rank_w2", "CHAIN_WORDS", 1, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
