@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"SUM_TERMS", 0, 1},
+    {"PUSH_ORDER", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -645,20 +645,6 @@ Test(tune, the_push_order_knob_changes_only_the_ascending_k_order, .init = gen_s
     check_knob_case("bf16_expert_w2", "PUSH_ORDER", 1, NULL, 0, false);
     check_knob_case("bench/bench_dsv3_prefill_expert", "PUSH_ORDER", 1, NULL, 0, false);
     check_knob_case("bf16_rank_w2", "PUSH_ORDER", 1, NULL, 0, false);
-}
-
-/* SUM_TERMS (default 0) compiles to the default's code at 0 and changes
- * only layout expert by rank's lean sums (PUSH_PARTIALS here, and the
- * pulling combine); not layout rank, not the ascending-k order, not the
- * grid's waiting sums at decode (PARTIAL_GRID), nor with SUM_LEAN 0. */
-Test(tune, the_sum_terms_knob_changes_only_layout_experts_lean_sums, .init = gen_setup, .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "SUM_TERMS", 0, "PUSH_PARTIALS", 1, true);
-    check_knob_case("fp16_expert_a8_pull_w2", "SUM_TERMS", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "SUM_TERMS", 0, NULL, 0, false);
-    check_knob_case("bf16_expert_w2", "SUM_TERMS", 0, "SUM_LEAN", 0, false);
-    check_knob_case("bf16_rank_w2", "SUM_TERMS", 0, NULL, 0, false);
-    check_knob_case("bf16_expert_order_k_w2", "SUM_TERMS", 0, NULL, 0, false);
 }
 
 /* PUSH_SLOTS (by default 3 for layout rank at world 2 with 24 SMs or more
