@@ -65,11 +65,11 @@
 --                          output is the sum of those parts in ascending
 --                          rank, in fp32, rounded once. Only one row per
 --                          (token, rank) crosses NVLink back, as in layout
---                          "rank" (at prefill, 1.8x faster than "k": 516
---                          against 947 us at T = 4096, hidden 7168, top-8
---                          of 256 on two H200s, bench/NOTES.md 75; at
---                          decode, where the whole grid forms the parts,
---                          1.4x: 30 against 44 us, T = 128).
+--                          "rank" (combine at prefill 2.2x faster than "k":
+--                          407 against 883 us at T = 4096, hidden 7168,
+--                          top-8 of 256 on two H200s, 646 against 1226 on
+--                          four; at decode, where the grid forms the parts,
+--                          1.5x: 28 against 42 us at T = 128; RESULTS.md).
 --                   "k"    the sum of w * y over the token's experts in
 --                          ascending k, in fp32, rounded once: no
 --                          intermediate rounding, but every (token, expert)
