@@ -1075,6 +1075,18 @@ static symm_variant_options timeout_test_start(vt *t, const char *tag, want w, g
     return o;
 }
 
+/* timeout_test_start for the NCCL backend: the world of vt_setup_nccl
+ * (skipped where NCCL may not share the ranks' GPUs), the NCCL options
+ * with a timeout of 2 s, the warm-up and the snapshot. */
+static symm_variant_options nccl_timeout_test_start(vt *t, const char *tag, gpu_case *warm, int *fds,
+                                                    size_t *free_bytes)
+{
+    vt_setup_nccl(t, tag, 30.0);
+    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL, .timeout_s = 2.0};
+    warm_up_then_snapshot(t, &o, warm, fds, free_bytes);
+    return o;
+}
+
 Test(variant, absent_peer_times_out_naming_it_then_calls_fail_fast_and_destroy_frees_everything)
 {
     vt t;
@@ -1314,13 +1326,11 @@ Test(variant, auto_combine_with_y_placed_differently_fails_fast_on_every_rank_th
 Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destroy_frees_everything)
 {
     vt t;
-    vt_setup_nccl(&t, "nccl-timeout", 30.0);
-    const double timeout = 2.0;
-    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL, .timeout_s = timeout};
     gpu_case c;
     int fds_before;
     size_t free_before;
-    warm_up_then_snapshot(&t, &o, &c, &fds_before, &free_before);
+    const symm_variant_options o = nccl_timeout_test_start(&t, "nccl-timeout", &c, &fds_before, &free_before);
+    const double timeout = o.timeout_s;
 
     vt_open(&t, &o);
     if (t.c.rank == 0) {
@@ -1376,13 +1386,11 @@ Test(variant, nccl_backend_absent_peer_times_out_then_calls_fail_fast_and_destro
 Test(variant, nccl_backend_stats_read_after_a_combine_its_peer_skipped_times_out)
 {
     vt t;
-    vt_setup_nccl(&t, "nccl-stats-timeout", 30.0);
-    const double timeout = 2.0;
-    symm_variant_options o = {.backend = SYMM_BACKEND_NCCL, .timeout_s = timeout};
     gpu_case warm;
     int fds_before;
     size_t free_before;
-    warm_up_then_snapshot(&t, &o, &warm, &fds_before, &free_before);
+    const symm_variant_options o = nccl_timeout_test_start(&t, "nccl-stats-timeout", &warm, &fds_before, &free_before);
+    const double timeout = o.timeout_s;
 
     vt_open(&t, &o);
     int tokens[MAX_W];
