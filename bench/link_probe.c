@@ -312,6 +312,30 @@ static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
     CU(p, cuLaunchKernel(p->fn[k], (unsigned)sms, 1, 1, 512, 1, 1, smem, p->stream, args, NULL));
 }
 
+/* The sums the loads-only kernels leave at the start of this rank's B: unit
+ * u of `units` (a thread or a warp) added up items u, u + units, ... of n,
+ * each `words` (1..4) words equal to `from`, and stored `words` sums; the first
+ * and the last unit's are checked. */
+static bool check_sums(probe *p, const char *unit, unsigned long long n, unsigned long long units, int words,
+                       unsigned from)
+{
+    const unsigned long long idx[2] = {0, units - 1};
+    for (int i = 0; i < 2; i++) {
+        unsigned sum[4];
+        CU(p, cuMemcpyDtoH(sum, region(p, p->rank, 1) + idx[i] * 4 * (unsigned long long)words,
+                           (size_t)words * sizeof sum[0]));
+        const unsigned long long count = n > idx[i] ? (n - idx[i] + units - 1) / units : 0;
+        const unsigned want_sum = (unsigned)(count * from);
+        for (int j = 0; j < words; j++)
+            if (sum[j] != want_sum) {
+                fprintf(stderr, "link_probe: rank %d: %s %llu's sum is 0x%08x, expected 0x%08x\n", p->rank, unit,
+                        idx[i], sum[j], want_sum);
+                return false;
+            }
+    }
+    return true;
+}
+
 /* What B of the destination rank must hold after a run. */
 static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
 {
@@ -336,41 +360,10 @@ static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
         memcpy(&y, &other, 4);
         want = x + y;
     }
-    if (k == K_TMA_LOAD) {
-        /* Warp g added up the first word of chunks g, g + G, ... (G warps), each `from`. */
-        const unsigned long long n = (p->bytes + CHUNK - 1) / CHUNK, warps = (unsigned long long)sms_of_run * 16;
-        const unsigned long long idx[2] = {0, warps - 1};
-        for (int i = 0; i < 2; i++) {
-            unsigned sum;
-            CU(p, cuMemcpyDtoH(&sum, region(p, p->rank, 1) + idx[i] * 4, sizeof sum));
-            const unsigned long long count = n > idx[i] ? (n - idx[i] + warps - 1) / warps : 0;
-            const unsigned want_sum = (unsigned)(count * from);
-            if (sum != want_sum) {
-                fprintf(stderr, "link_probe: rank %d: warp %llu's sum is 0x%08x, expected 0x%08x\n", p->rank, idx[i],
-                        sum, want_sum);
-                return false;
-            }
-        }
-        return true;
-    }
-    if (loads_only(k)) {
-        /* Thread i added up vectors i, i + T, ... (T threads), each four words `from`. */
-        const unsigned long long n = p->bytes / 16, threads = (unsigned long long)sms_of_run * 512;
-        const unsigned long long idx[2] = {0, threads - 1};
-        for (int i = 0; i < 2; i++) {
-            unsigned sum[4];
-            CU(p, cuMemcpyDtoH(sum, region(p, p->rank, 1) + idx[i] * 16, sizeof sum));
-            const unsigned long long count = n > idx[i] ? (n - idx[i] + threads - 1) / threads : 0;
-            const unsigned want_sum = (unsigned)(count * from);
-            for (int j = 0; j < 4; j++)
-                if (sum[j] != want_sum) {
-                    fprintf(stderr, "link_probe: rank %d: thread %llu's sum is 0x%08x, expected 0x%08x\n", p->rank,
-                            idx[i], sum[j], want_sum);
-                    return false;
-                }
-        }
-        return true;
-    }
+    if (k == K_TMA_LOAD) /* warp g added up the first word of chunks g, g + G, ... (G warps) */
+        return check_sums(p, "warp", (p->bytes + CHUNK - 1) / CHUNK, (unsigned long long)sms_of_run * 16, 1, from);
+    if (loads_only(k)) /* thread i added up vectors i, i + T, ... (T threads), four words each */
+        return check_sums(p, "thread", p->bytes / 16, (unsigned long long)sms_of_run * 512, 4, from);
     static float got[4096];
     const size_t at[3] = {0, p->bytes / 2, p->bytes - sizeof got};
     for (int i = 0; i < 3; i++) {
