@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1},
+    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -632,6 +632,18 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_expert_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
     check_knob_values("bf16_expert_w4", "BASE_LOADS", 4, 8, NULL, 0, true);
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
+}
+
+/* COUNT16 (default 0) compiles to the default's code at 0; at 1 it changes
+ * layout expert's code (dispatch writes 4-byte count words, compute_bases
+ * reads them), both combine orders, at worlds 2 and 4, and never layout
+ * rank's. */
+Test(tune, the_count16_knob_changes_only_layout_expert, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_expert_w2", "COUNT16", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w4", "COUNT16", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_order_k_w2", "COUNT16", 0, NULL, 0, true);
+    check_knob_case("bf16_rank_w2", "COUNT16", 0, NULL, 0, false);
 }
 
 /* PUSH_ORDER (default 1 where it applies) compiles to the default's code
