@@ -43,7 +43,7 @@ static const struct knob {
     {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words (default 1) */
     {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 4) */
     {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 1) */
-    {"COUNT16", 0, 1},      /* dispatch, layout expert below max_tokens 65536: 1: 4-byte count words (default 0) */
+    {"COUNT16", 0, 1},      /* dispatch, layout expert below max_tokens 65536: 1: 4-byte count words (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

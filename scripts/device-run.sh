@@ -439,7 +439,8 @@ for s in "$@"; do
             $run -n 2 --gpus "$gpus" -- "$build/examples/c/moe_example" ;;
     test-gpu) # make test-gpu MPS=1 on the default spec (make is not there); TEST_GPU_SPEC other specs,
         # TEST_GPU_LIMIT the step's seconds; SYMM_TEST_PARTS and SYMM_TEST_WORLDS pass through
-        # (scripts/test-gpu.sh: a part of the run, e.g. world 4 alone)
+        # (scripts/test-gpu.sh: a part of the run, e.g. world 4 alone). The whole run takes about
+        # 17 minutes on 4 GPUs, more than a device call: split it there (bench/NOTES.md "Next")
         step test-gpu "${TEST_GPU_LIMIT:-560}" env SYMM_TEST_MPS=1 SYMM_BUILD_DIR="$build" \
             SPEC="${TEST_GPU_SPEC:-specs/default.lua}" scripts/test-gpu.sh \
             "$build/tests-gpu/test_heap" "$build/tests-gpu/test_jit_gpu" "$build/tests-gpu/test_nccl" \

@@ -181,7 +181,7 @@ Test(tune, the_runtime_this_test_and_the_docs_list_the_same_knobs)
     for (char *save = NULL, *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         char name[64];
         int lo, hi;
-        cr_assert_eq(sscanf(item, " %63[A-Z_] %d..%d", name, &lo, &hi), 3, "\"%s\" in: %s", item, msg);
+        cr_assert_eq(sscanf(item, " %63[A-Z0-9_] %d..%d", name, &lo, &hi), 3, "\"%s\" in: %s", item, msg);
         const int k = knob_index(name);
         cr_assert_eq(knobs[k].min, lo, "%s: the runtime's range %d..%d, this test's %d..%d", name, lo, hi, knobs[k].min,
                      knobs[k].max);
@@ -634,16 +634,16 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
 }
 
-/* COUNT16 (default 0) compiles to the default's code at 0; at 1 it changes
- * layout expert's code (dispatch writes 4-byte count words, compute_bases
- * reads them), both combine orders, at worlds 2 and 4, and never layout
- * rank's. */
+/* COUNT16 (default 1 where it applies) compiles to the default's code at
+ * 1; at 0 it changes layout expert's code (dispatch writes 8-byte count
+ * words, compute_bases reads them), both combine orders, at worlds 2 and 4,
+ * and never layout rank's. */
 Test(tune, the_count16_knob_changes_only_layout_expert, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_expert_w2", "COUNT16", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w4", "COUNT16", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_order_k_w2", "COUNT16", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_w2", "COUNT16", 0, NULL, 0, false);
+    check_knob_case("bf16_expert_w2", "COUNT16", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w4", "COUNT16", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_order_k_w2", "COUNT16", 1, NULL, 0, true);
+    check_knob_case("bf16_rank_w2", "COUNT16", 1, NULL, 0, false);
 }
 
 /* PUSH_ORDER (default 1 where it applies) compiles to the default's code
