@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"CHAIN_SOURCES", 0, 1},
+    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -644,21 +644,6 @@ Test(tune, the_count16_knob_changes_only_layout_expert, .init = gen_setup, .fini
     check_knob_case("bf16_expert_w4", "COUNT16", 1, NULL, 0, true);
     check_knob_case("bf16_expert_order_k_w2", "COUNT16", 1, NULL, 0, true);
     check_knob_case("bf16_rank_w2", "COUNT16", 1, NULL, 0, false);
-}
-
-/* CHAIN_SOURCES (default 0) compiles to the default's code at 0; at 1 it
- * changes the dispatch of layout expert's variants that copy the chains
- * after the rows (CHAIN_WORDS: decode, both combine orders, worlds 2 and
- * 4), and neither layout rank's nor those that copy them as the heads land
- * (CHAIN_STREAM, the default above max_tokens 512). */
-Test(tune, the_chain_sources_knob_changes_only_the_copies_after_the_rows, .init = gen_setup_bench,
-     .fini = gen_teardown)
-{
-    check_knob_case("bf16_expert_w2", "CHAIN_SOURCES", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w4", "CHAIN_SOURCES", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_order_k_w2", "CHAIN_SOURCES", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_w2", "CHAIN_SOURCES", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert", "CHAIN_SOURCES", 0, NULL, 0, false);
 }
 
 /* PUSH_ORDER (default 1 where it applies) compiles to the default's code
