@@ -21,7 +21,15 @@
  *         loading at once (224 KiB a block in flight), nothing stored but a
  *         sum a warp: what bulk loads into shared memory can fetch (issue
  *         28.1: layout expert's combine reads about five rows a token);
- *   store stores alone.
+ *   store stores alone;
+ *   tce   tma push with the copy engine beside it: the kernel pushes the
+ *         first (100 - P)% of A to the peer's B while a cuMemcpyDtoDAsync on
+ *         a second stream pushes the rest, for each P of --ce-pct (default
+ *         50; 0 is tma push alone, 100 the copy engine alone): whether the
+ *         links carry more than either path alone, the question behind a
+ *         dispatch that gives the copy engines a share of its rows
+ *         (bench/NOTES.md 106). Push mode only, and only when --kernels
+ *         names it; its kern column is cP.
  * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
  * pull (the peer's A -> this rank's B; the loads: the peer's A); sum local (A + C -> B), sum pull
  * (this rank's A + the peer's A -> B), sum push (this rank's A + C -> the
@@ -70,8 +78,9 @@
 
 #include "link_probe_kernels.h"
 
-typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_LOAD16, K_LOAD24, K_TMA_LOAD, K_COUNT } kernel_kind;
-static const char *const kernel_names[K_COUNT] = {"tma", "lsu", "sum", "load", "store", "ld16", "ld24", "tld"};
+typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_LOAD16, K_LOAD24, K_TMA_LOAD, K_TCE, K_COUNT } kernel_kind;
+static const char *const kernel_names[K_COUNT] = {"tma", "lsu", "sum", "load", "store", "ld16", "ld24", "tld", "tce"};
+#define MAX_CE_PCT 8
 /* Loads alone: no push mode; their check reads the sums they stored. */
 static bool loads_only(kernel_kind k)
 {
@@ -99,8 +108,12 @@ typedef struct probe {
     CUfunction xchg[2];   /* xchg_flag, xchg_line */
     size_t xchg_bytes;    /* the exchanges' message a rank sends (--xchg-kib) */
     unsigned long long xchg_seq; /* the exchanges' last call number */
+    int ce_pct[MAX_CE_PCT]; /* tce: the copy engine's shares of the bytes, percent (--ce-pct) */
+    int n_ce_pct;
+    int ce_pct_now; /* the share of the tce row being run */
     CUstream stream;
-    CUevent ev[2];
+    CUstream ce_stream; /* tce: the copy engine's share */
+    CUevent ev[4];      /* 0, 1: a rep's start and end; 2, 3: tce's fork and join */
     double *samples;
     int failed;
 } probe;
@@ -124,7 +137,7 @@ static int usage(const char *fmt, const char *arg)
     fputs("link_probe: ", stderr);
     fprintf(stderr, fmt, arg);
     fputs("\nusage: symmrun -n N [--gpus LIST] link_probe [--mib N] [--sms LIST] [--reps N] [--xchg-kib N] "
-          "[--kernels LIST] [--shared-gpu]\n", stderr);
+          "[--kernels LIST] [--ce-pct LIST] [--shared-gpu]\n", stderr);
     return 2;
 }
 
@@ -150,7 +163,9 @@ static int parse_args(probe *p, int argc, char **argv)
     static const int default_sms[] = {8, 16, 24, 32, 48, 64, 132};
     p->n_sms = (int)(sizeof default_sms / sizeof default_sms[0]);
     memcpy(p->sms, default_sms, sizeof default_sms);
-    p->kernels = (1u << (K_COUNT + 1)) - 1;
+    p->kernels = ((1u << (K_COUNT + 1)) - 1) & ~(1u << K_TCE); /* tce only when named */
+    p->ce_pct[0] = 50;
+    p->n_ce_pct = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--shared-gpu")) {
@@ -187,6 +202,21 @@ static int parse_args(probe *p, int argc, char **argv)
             }
             if (p->n_sms == 0)
                 return usage("--sms \"%s\": expected counts separated by commas", val);
+        } else if (!strcmp(a, "--ce-pct")) {
+            p->n_ce_pct = 0;
+            char copy[256];
+            if (strlen(val) >= sizeof copy)
+                return usage("--ce-pct \"%s\": too long", val);
+            strcpy(copy, val);
+            for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+                if (p->n_ce_pct == MAX_CE_PCT)
+                    return usage("--ce-pct \"%s\": at most 8 shares", val);
+                if (parse_long("--ce-pct", tok, 0, 100, &v))
+                    return 2;
+                p->ce_pct[p->n_ce_pct++] = (int)v;
+            }
+            if (p->n_ce_pct == 0)
+                return usage("--ce-pct \"%s\": expected percentages separated by commas", val);
         } else if (!strcmp(a, "--kernels")) {
             /* Which rows: kernel names (the table's kern column) and xchg. */
             p->kernels = 0;
@@ -200,7 +230,7 @@ static int parse_args(probe *p, int argc, char **argv)
                     k++;
                 if (k == K_COUNT && strcmp(tok, "xchg"))
                     return usage("--kernels: unknown kernel \"%s\" (expected tma, lsu, sum, load, store, ld16, ld24, "
-                                 "tld or xchg)", tok);
+                                 "tld, tce or xchg)", tok);
                 p->kernels |= 1u << k;
             }
             if (!p->kernels)
@@ -231,20 +261,24 @@ static void setup(probe *p)
         st = symm_jit_load(res.cubin, res.cubin_size, &p->mod);
     symm_jit_result_free(&res);
     check(p, st, "compiling the probe kernels");
-    static const char *const names[K_COUNT] = {"tma_copy",   "lsu_copy",   "lsu_sum",  "lsu_load",
-                                               "lsu_store",  "lsu_load16", "lsu_load24", "tma_load"};
+    static const char *const names[K_COUNT] = {"tma_copy",   "lsu_copy",   "lsu_sum",  "lsu_load", "lsu_store",
+                                               "lsu_load16", "lsu_load24", "tma_load", "tma_copy"};
     for (int k = 0; k < K_COUNT; k++)
         check(p, symm_jit_get_function(p->mod, names[k], &p->fn[k]), names[k]);
     CU(p, cuFuncSetAttribute(p->fn[K_TMA], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
     CU(p, cuFuncSetAttribute(p->fn[K_TMA_LOAD], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
+    CU(p, cuFuncSetAttribute(p->fn[K_TCE], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
     check(p, symm_jit_get_function(p->mod, "tma_spread", &p->spread[0]), "tma_spread");
     check(p, symm_jit_get_function(p->mod, "lsu_spread", &p->spread[1]), "lsu_spread");
     CU(p, cuFuncSetAttribute(p->spread[0], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, COPY_SMEM));
     check(p, symm_jit_get_function(p->mod, "xchg_flag", &p->xchg[0]), "xchg_flag");
     check(p, symm_jit_get_function(p->mod, "xchg_line", &p->xchg[1]), "xchg_line");
     CU(p, cuStreamCreate(&p->stream, CU_STREAM_NON_BLOCKING));
+    CU(p, cuStreamCreate(&p->ce_stream, CU_STREAM_NON_BLOCKING));
     for (int i = 0; i < 2; i++)
         CU(p, cuEventCreate(&p->ev[i], CU_EVENT_DEFAULT));
+    for (int i = 2; i < 4; i++)
+        CU(p, cuEventCreate(&p->ev[i], CU_EVENT_DISABLE_TIMING));
     check(p, symm_alloc_create(p->world, p->dev, 3 * p->bytes, 0, &p->buf), "symm_alloc_create");
     p->samples = calloc((size_t)p->reps, sizeof *p->samples);
     if (!p->samples)
@@ -276,8 +310,34 @@ static int spread_source(const probe *p, size_t c)
     return (int)(((size_t)p->rank + 2 * (size_t)p->size - 1 - c % (size_t)(p->size - 1)) % (size_t)p->size);
 }
 
+/* The bytes of A the kernel of a tce row pushes (the rest goes by the copy
+ * engine): (100 - P)% of a region, in whole MiB (the copy's offset stays
+ * aligned). */
+static size_t tce_kernel_bytes(const probe *p)
+{
+    const size_t mib = p->bytes >> 20;
+    return (mib * (size_t)(100 - p->ce_pct_now) / 100) << 20;
+}
+
 static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
 {
+    if (k == K_TCE) { /* push only: the kernel's share on the stream, the copy engine's beside it */
+        const size_t kb = tce_kernel_bytes(p);
+        CUdeviceptr src = region(p, p->rank, 0), dst = region(p, p->peer, 1);
+        CU(p, cuEventRecord(p->ev[2], p->stream));
+        CU(p, cuStreamWaitEvent(p->ce_stream, p->ev[2], 0));
+        if (kb < p->bytes)
+            CU(p, cuMemcpyDtoDAsync(dst + kb, src + kb, p->bytes - kb, p->ce_stream));
+        if (kb > 0) {
+            unsigned long long bytes = kb;
+            unsigned chunk = CHUNK;
+            void *args[] = {&src, &dst, &bytes, &chunk};
+            CU(p, cuLaunchKernel(p->fn[K_TCE], (unsigned)sms, 1, 1, 512, 1, 1, COPY_SMEM, p->stream, args, NULL));
+        }
+        CU(p, cuEventRecord(p->ev[3], p->ce_stream));
+        CU(p, cuStreamWaitEvent(p->stream, p->ev[3], 0));
+        return;
+    }
     if (m == M_SPREAD) {
         struct { CUdeviceptr p[7]; } peers;
         memset(&peers, 0, sizeof peers);
@@ -457,10 +517,14 @@ static void row(probe *p, kernel_kind k, mode_kind m, int sms)
         launch(p, k, m, sms); /* warm-up */
     double p50, p90;
     time_reps(p, launch_row, k, m, sms, 1, &p50, &p90);
-    /* Bytes each SM loads and stores; bytes that cross per GPU. */
-    const double traffic = (double)p->bytes * (k == K_SUM ? 3 : loads_only(k) || k == K_STORE ? 1 : 2);
+    /* Bytes each SM loads and stores (tce: of the kernel's share); bytes
+     * that cross per GPU. */
+    const double traffic = k == K_TCE ? 2.0 * (double)tce_kernel_bytes(p)
+                                      : (double)p->bytes * (k == K_SUM ? 3 : loads_only(k) || k == K_STORE ? 1 : 2);
     const double remote = m == M_LOCAL ? 0 : (double)p->bytes;
-    print_row(p, kernel_names[k], mname[m], sms, p50, p90, traffic, remote, sum_ok == p->size);
+    char kern[8];
+    snprintf(kern, sizeof kern, "c%d", p->ce_pct_now);
+    print_row(p, k == K_TCE ? kern : kernel_names[k], mname[m], sms, p50, p90, traffic, remote, sum_ok == p->size);
     if (sum_ok != p->size)
         p->failed = 1;
 }
@@ -575,6 +639,14 @@ int main(int argc, char **argv)
                     continue; /* a store is pushed or local */
                 if (p.size == 1 && m != M_LOCAL)
                     continue;
+                if (k == K_TCE) { /* push alone, a row a share */
+                    if (m == M_PUSH)
+                        for (int c = 0; c < p.n_ce_pct; c++) {
+                            p.ce_pct_now = p.ce_pct[c];
+                            row(&p, (kernel_kind)k, (mode_kind)m, sms);
+                        }
+                    continue;
+                }
                 row(&p, (kernel_kind)k, (mode_kind)m, sms);
             }
         if (p.size > 1 && (p.kernels >> K_COUNT & 1) && xchg_fits(&p))
@@ -582,8 +654,9 @@ int main(int argc, char **argv)
                 xchg_row(&p, line, sms);
     }
     check(&p, symm_alloc_destroy(p.buf), "symm_alloc_destroy");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 4; i++)
         p.cu->cuEventDestroy(p.ev[i]);
+    p.cu->cuStreamDestroy(p.ce_stream);
     p.cu->cuStreamDestroy(p.stream);
     symm_jit_unload(p.mod);
     symm_device_close(p.dev);
