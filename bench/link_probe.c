@@ -28,8 +28,11 @@
  *         50; 0 is tma push alone, 100 the copy engine alone): whether the
  *         links carry more than either path alone, the question behind a
  *         dispatch that gives the copy engines a share of its rows
- *         (bench/NOTES.md 106). Push mode only, and only when --kernels
- *         names it; its kern column is cP.
+ *         (bench/NOTES.md 106). After its copy the stream writes a word
+ *         into the peer's C (cuStreamWriteValue32 through the peer's
+ *         mapping, as a dispatch would flag a landed piece), checked with
+ *         the row. Push mode only, and only when --kernels names it; its
+ *         kern column is cP.
  * Modes: local (A -> B on this GPU), push (this rank's A -> the peer's B),
  * pull (the peer's A -> this rank's B; the loads: the peer's A); sum local (A + C -> B), sum pull
  * (this rank's A + the peer's A -> B), sum push (this rank's A + C -> the
@@ -81,6 +84,7 @@
 typedef enum { K_TMA, K_LSU, K_SUM, K_LOAD, K_STORE, K_LOAD16, K_LOAD24, K_TMA_LOAD, K_TCE, K_COUNT } kernel_kind;
 static const char *const kernel_names[K_COUNT] = {"tma", "lsu", "sum", "load", "store", "ld16", "ld24", "tld", "tce"};
 #define MAX_CE_PCT 8
+#define TCE_FLAG 0x7ce00000u /* tce: the word the copy engine's stream writes after its copy, | the writer's rank */
 /* Loads alone: no push mode; their check reads the sums they stored. */
 static bool loads_only(kernel_kind k)
 {
@@ -111,6 +115,7 @@ typedef struct probe {
     int ce_pct[MAX_CE_PCT]; /* tce: the copy engine's shares of the bytes, percent (--ce-pct) */
     int n_ce_pct;
     int ce_pct_now; /* the share of the tce row being run */
+    bool tce_word_refused; /* cuStreamWriteValue32 into the peer's mapping failed: tce rows without the word */
     CUstream stream;
     CUstream ce_stream; /* tce: the copy engine's share */
     CUevent ev[4];      /* 0, 1: a rep's start and end; 2, 3: tce's fork and join */
@@ -326,8 +331,25 @@ static void launch(probe *p, kernel_kind k, mode_kind m, int sms)
         CUdeviceptr src = region(p, p->rank, 0), dst = region(p, p->peer, 1);
         CU(p, cuEventRecord(p->ev[2], p->stream));
         CU(p, cuStreamWaitEvent(p->ce_stream, p->ev[2], 0));
-        if (kb < p->bytes)
+        if (kb < p->bytes) {
             CU(p, cuMemcpyDtoDAsync(dst + kb, src + kb, p->bytes - kb, p->ce_stream));
+            /* A word after the copy, as a dispatch would flag a landed
+             * piece: written by the stream into the peer's mapping of its C
+             * (checked after the first run). */
+            if (!p->tce_word_refused) {
+                /* Refused (not an error of the run): said once, and the
+                 * rows go on without the word. */
+                const CUresult r =
+                    p->cu->cuStreamWriteValue32(p->ce_stream, region(p, p->peer, 2), TCE_FLAG | (unsigned)p->rank, 0);
+                if (r != CUDA_SUCCESS) {
+                    p->tce_word_refused = true;
+                    symm_status why = symm_cuda_check(r, "cuStreamWriteValue32");
+                    fprintf(stderr, "link_probe: rank %d: the word after the copy, into the peer's mapping: %s: %s "
+                                    "(the tce rows go on without it)\n", p->rank, symm_status_name(why),
+                            symm_last_error());
+                }
+            }
+        }
         if (kb > 0) {
             unsigned long long bytes = kb;
             unsigned chunk = CHUNK;
@@ -419,6 +441,15 @@ static bool check_result(probe *p, kernel_kind k, mode_kind m, int sms_of_run)
         memcpy(&x, &own, 4);
         memcpy(&y, &other, 4);
         want = x + y;
+    }
+    if (k == K_TCE && tce_kernel_bytes(p) < p->bytes && !p->tce_word_refused) { /* the word the rank before wrote after its copy */
+        unsigned word = 0;
+        CU(p, cuMemcpyDtoH(&word, region(p, p->rank, 2), sizeof word));
+        if (word != (TCE_FLAG | (unsigned)src)) {
+            fprintf(stderr, "link_probe: rank %d: the word written after the copy engine's copy is 0x%08x, expected "
+                            "0x%08x\n", p->rank, word, TCE_FLAG | (unsigned)src);
+            return false;
+        }
     }
     if (k == K_TMA_LOAD) /* warp g added up the first word of chunks g, g + G, ... (G warps) */
         return check_sums(p, "warp", (p->bytes + CHUNK - 1) / CHUNK, (unsigned long long)sms_of_run * 16, 1, from);
