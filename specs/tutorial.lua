@@ -96,7 +96,7 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:102: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:112: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --
