@@ -159,6 +159,36 @@ static int parse_long(const char *opt, const char *text, long lo, long hi, long 
     return 0;
 }
 
+/* A list of integers lo..hi separated by commas (--sms, --ce-pct), at most
+ * `most` of them, into out[0..*n); 2 with a message naming opt, the list and
+ * what was expected (`many`: what "at most N" counts, `expected`: the items). */
+static int parse_int_list(const char *opt, const char *val, long lo, long hi, int *out, int most, int *n,
+                          const char *many, const char *expected)
+{
+    char copy[256], why[320];
+    if (strlen(val) >= sizeof copy) {
+        snprintf(why, sizeof why, "%s \"%s\": too long", opt, val);
+        return usage("%s", why);
+    }
+    strcpy(copy, val);
+    *n = 0;
+    for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+        long v;
+        if (*n == most) {
+            snprintf(why, sizeof why, "%s \"%s\": at most %d %s", opt, val, most, many);
+            return usage("%s", why);
+        }
+        if (parse_long(opt, tok, lo, hi, &v))
+            return 2;
+        out[(*n)++] = (int)v;
+    }
+    if (*n == 0) {
+        snprintf(why, sizeof why, "%s \"%s\": expected %s separated by commas", opt, val, expected);
+        return usage("%s", why);
+    }
+    return 0;
+}
+
 static int parse_args(probe *p, int argc, char **argv)
 {
     long v;
@@ -193,35 +223,11 @@ static int parse_args(probe *p, int argc, char **argv)
                 return 2;
             p->reps = (int)v;
         } else if (!strcmp(a, "--sms")) {
-            p->n_sms = 0;
-            char copy[256];
-            if (strlen(val) >= sizeof copy)
-                return usage("--sms \"%s\": too long", val);
-            strcpy(copy, val);
-            for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
-                if (p->n_sms == MAX_SMS_LIST)
-                    return usage("--sms \"%s\": at most 16 counts", val);
-                if (parse_long("--sms", tok, 1, 1024, &v))
-                    return 2;
-                p->sms[p->n_sms++] = (int)v;
-            }
-            if (p->n_sms == 0)
-                return usage("--sms \"%s\": expected counts separated by commas", val);
+            if (parse_int_list(a, val, 1, 1024, p->sms, MAX_SMS_LIST, &p->n_sms, "counts", "counts"))
+                return 2;
         } else if (!strcmp(a, "--ce-pct")) {
-            p->n_ce_pct = 0;
-            char copy[256];
-            if (strlen(val) >= sizeof copy)
-                return usage("--ce-pct \"%s\": too long", val);
-            strcpy(copy, val);
-            for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
-                if (p->n_ce_pct == MAX_CE_PCT)
-                    return usage("--ce-pct \"%s\": at most 8 shares", val);
-                if (parse_long("--ce-pct", tok, 0, 100, &v))
-                    return 2;
-                p->ce_pct[p->n_ce_pct++] = (int)v;
-            }
-            if (p->n_ce_pct == 0)
-                return usage("--ce-pct \"%s\": expected percentages separated by commas", val);
+            if (parse_int_list(a, val, 0, 100, p->ce_pct, MAX_CE_PCT, &p->n_ce_pct, "shares", "percentages"))
+                return 2;
         } else if (!strcmp(a, "--kernels")) {
             /* Which rows: kernel names (the table's kern column) and xchg. */
             p->kernels = 0;

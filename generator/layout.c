@@ -31,10 +31,7 @@ static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 int sg_ce_pieces(const sg_variant *v)
 {
-    if (v->dispatch != SYMM_DISPATCH_COPY)
-        return 0;
-    const int pieces = (v->max_tokens + SG_CE_PIECE_ROWS - 1) / SG_CE_PIECE_ROWS;
-    return pieces < SG_CE_PIECES_MAX ? pieces : SG_CE_PIECES_MAX;
+    return v->dispatch == SYMM_DISPATCH_COPY ? symm_ce_pieces(v->max_tokens) : 0;
 }
 
 int64_t sg_worst_capacity(const sg_variant *v)

@@ -24,10 +24,6 @@
  * 184 against 210 us at 4096 tokens, bench/NOTES.md 46), "push" below it
  * and for layout expert (push faster at decode and for that layout). */
 #define SG_AUTO_MIN_TOKENS 1024
-/* dispatch = "copy": max_tokens rows a piece at most this many (a copy and
- * its flag each), the pieces at most SG_CE_PIECES_MAX. */
-#define SG_CE_PIECE_ROWS 256
-#define SG_CE_PIECES_MAX 8
 
 /* NVRTC options of every variant (besides --gpu-architecture): symmgen
  * --compile and the runtime's JIT use exactly these (vars.c writes them into
@@ -144,8 +140,8 @@ typedef struct sg_layout {
 
 void sg_layout_compute(const sg_variant *v, sg_layout *out);
 int64_t sg_worst_capacity(const sg_variant *v);
-/* dispatch = "copy": the pieces a peer's copy is cut into (1..SG_CE_PIECES_MAX,
- * runs of about SG_CE_PIECE_ROWS rows of max_tokens); 0 otherwise. */
+/* dispatch = "copy": the pieces a peer's copy is cut into (symm_ce_pieces of
+ * max_tokens, symm_types.h); 0 otherwise. */
 int sg_ce_pieces(const sg_variant *v);
 
 /* Template variables (vars.c): the holes of the templates. */

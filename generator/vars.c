@@ -322,7 +322,6 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
     sg_vars_set(out, "DISPATCH_COPY", "%s", copy ? "true" : "false");
     sg_vars_set(out, "DISPATCH_COPY_INT", "%d", copy ? 1 : 0);
     sg_vars_set(out, "DISPATCH_ENUM", "%s", copy ? "SYMM_DISPATCH_COPY" : "SYMM_DISPATCH_PUSH");
-    sg_vars_set(out, "DISPATCH", "%s", copy ? "copy" : "push");
     sg_vars_set(out, "CE_PIECES", "%d", sg_ce_pieces(v));
     sg_vars_set(out, "Y_WHERE", "%s",
                 v->combine == SYMM_COMBINE_PULL

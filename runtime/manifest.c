@@ -71,9 +71,6 @@ static const char *const combine_names[] = {"push", "pull", "auto"};
 static const char *const combine_order_names[] = {"rank", "k"};
 /* Indexed by symm_dispatch_mode. */
 static const char *const dispatch_names[] = {"push", "copy"};
-/* generator/sg.h: SG_CE_PIECE_ROWS, SG_CE_PIECES_MAX. */
-#define CE_PIECE_ROWS 256
-#define CE_PIECES_MAX 8
 
 typedef struct entry {
     symm_variant_desc desc;
@@ -282,7 +279,7 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
     if (symm_json_member(obj, "dispatch", NULL))
         SYMM_TRY(get_choice(r, obj, "dispatch", dispatch_names, 2, "", &p->dispatch));
     if (p->dispatch == SYMM_DISPATCH_COPY)
-        SYMM_TRY(get_int(r, obj, "ce_pieces", 1, CE_PIECES_MAX, &p->ce_pieces));
+        SYMM_TRY(get_int(r, obj, "ce_pieces", 1, SYMM_CE_PIECES_MAX, &p->ce_pieces));
     SYMM_TRY(get_int(r, obj, "capacity", 1, INT32_MAX, &p->capacity));
     SYMM_TRY(get_int(r, obj, "worst_capacity", 1, INT32_MAX, &p->worst_capacity));
     SYMM_TRY(get_int(r, obj, "align", 1, 4096, &p->align));
@@ -323,12 +320,11 @@ static symm_status check_combinations(const reader *r, const symm_json *obj, con
         return field_error(r, "dispatch", symm_json_member(obj, "dispatch", NULL),
                            "push with layout expert (copy is for layout rank only)");
     if (p->dispatch == SYMM_DISPATCH_COPY) {
-        const int64_t pieces = (p->max_tokens + CE_PIECE_ROWS - 1) / CE_PIECE_ROWS;
-        const int64_t want = pieces < CE_PIECES_MAX ? pieces : CE_PIECES_MAX;
+        const int want = symm_ce_pieces((int)p->max_tokens);
         if (p->ce_pieces != want)
             return field_error(r, "ce_pieces", symm_json_member(obj, "ce_pieces", NULL),
-                               "%lld (max_tokens / %d rounded up, at most %d)", (long long)want, CE_PIECE_ROWS,
-                               CE_PIECES_MAX);
+                               "%d (max_tokens / %d rounded up, at most %d)", want, SYMM_CE_PIECE_ROWS,
+                               SYMM_CE_PIECES_MAX);
     }
     /* Bounded by the ranges above: at most 2^52 rows, no overflow. */
     int64_t worst = p->world * p->max_tokens;

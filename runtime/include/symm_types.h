@@ -59,6 +59,18 @@ typedef enum symm_dispatch_mode {
     SYMM_DISPATCH_COPY = 1,
 } symm_dispatch_mode;
 
+/* dispatch = "copy": a call's copies to a peer are cut into pieces (a copy
+ * and its landed counter each) of max_tokens / SYMM_CE_PIECE_ROWS rows
+ * rounded up, at most SYMM_CE_PIECES_MAX of them: the generator's value of
+ * a variant's ce_pieces, which the runtime checks a manifest against. */
+#define SYMM_CE_PIECE_ROWS 256
+#define SYMM_CE_PIECES_MAX 8
+static inline int symm_ce_pieces(int max_tokens)
+{
+    const int pieces = (max_tokens + SYMM_CE_PIECE_ROWS - 1) / SYMM_CE_PIECE_ROWS;
+    return pieces < SYMM_CE_PIECES_MAX ? pieces : SYMM_CE_PIECES_MAX;
+}
+
 /* Bytes per element of a dtype (1, 2 or 4); 0 for an unknown value. */
 static inline int symm_dtype_size(symm_dtype d)
 {

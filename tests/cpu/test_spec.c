@@ -285,8 +285,8 @@ Test(spec, combine_order_k_is_for_layout_expert_only)
 }
 
 /* dispatch "copy" (the peers' rows by the copy engine) is layout rank's,
- * with max_tokens cut into pieces of at most SG_CE_PIECE_ROWS rows, at
- * most SG_CE_PIECES_MAX of them; layout expert is refused, saying why; the
+ * with max_tokens cut into pieces of at most SYMM_CE_PIECE_ROWS rows, at
+ * most SYMM_CE_PIECES_MAX of them; layout expert is refused, saying why; the
  * default is "push". */
 Test(spec, dispatch_copy_is_for_layout_rank_only)
 {
@@ -305,8 +305,8 @@ Test(spec, dispatch_copy_is_for_layout_rank_only)
     cr_assert(load(path) == 0, "load failed:\n%s", messages());
     const sg_variant *v = &spec.variants[0];
     cr_expect(v->dispatch == SYMM_DISPATCH_COPY, "dispatch %d", (int)v->dispatch);
-    int want = (a.max_tokens + SG_CE_PIECE_ROWS - 1) / SG_CE_PIECE_ROWS;
-    want = want < SG_CE_PIECES_MAX ? want : SG_CE_PIECES_MAX;
+    int want = (a.max_tokens + SYMM_CE_PIECE_ROWS - 1) / SYMM_CE_PIECE_ROWS;
+    want = want < SYMM_CE_PIECES_MAX ? want : SYMM_CE_PIECES_MAX;
     cr_expect(sg_ce_pieces(v) == want, "max_tokens %d: %d pieces, expected %d", a.max_tokens, sg_ce_pieces(v), want);
     cr_expect(spec.variants[1].dispatch == SYMM_DISPATCH_PUSH && sg_ce_pieces(&spec.variants[1]) == 0,
               "dispatch defaults to \"push\"");
