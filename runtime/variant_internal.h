@@ -57,8 +57,8 @@ struct symm_variant {
     /* dispatch = "copy" with a peer (native backend): the copy engine's
      * stream, forked from and joined back to the caller's in each dispatch,
      * and the kernel that counts a landed piece at a peer (symm_ce_landed). */
-    CUstream ce_stream;
-    CUevent ce_fork, ce_join;
+    CUstream ce_stream, ce_signal;                    /* the copies; their landed kernels */
+    CUevent ce_fork, ce_join, ce_piece[SYMM_CE_PIECES_MAX]; /* ce_piece[i]: piece i's copies done */
     CUfunction fn_ce_landed;
     unsigned dispatch_smem, combine_smem, combine_pull_smem; /* dynamic shared memory of the kernels
                                                                  (bulk-copy buffers) */
