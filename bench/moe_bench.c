@@ -121,6 +121,7 @@ static const row_spec matrix[] = {
     {"u.b.push", "bench_dsv3_decode_auto", 128, ROUTE_UNIFORM, true},
     {"x.a", "bench_dsv3_prefill_copy", 4096, ROUTE_UNIFORM, false},
     {"x.f.16", "bench_dsv3_prefill_sms16_copy", 4096, ROUTE_UNIFORM, false},
+    {"x.f.8", "bench_dsv3_prefill_sms8_copy", 4096, ROUTE_UNIFORM, false},
     {"x.i.a", "bench_dsv3_prefill_fp8_copy", 4096, ROUTE_UNIFORM, false},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
