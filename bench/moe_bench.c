@@ -67,9 +67,7 @@ static const char *const routing_names[] = {"uniform", "zipf", "local"};
  * rows a, b, f.8, f.16 and g with combine = "pull", bench/NOTES.md 46; i:
  * rows a, b and g with fp8_e4m3 dispatch and bf16 combine; u: rows a and b
  * with combine = "auto", y in the variant's region y (the pulling form) and,
- * rows *.push, in a buffer of the benchmark's (the pushing form); x: rows
- * a, f.16 and i.a with dispatch = "copy", the peers' rows by the copy
- * engines, bench/NOTES.md 106). */
+ * rows *.push, in a buffer of the benchmark's (the pushing form)). */
 typedef struct row_spec {
     const char *id;
     const char *variant;
@@ -119,10 +117,6 @@ static const row_spec matrix[] = {
     {"u.a.push", "bench_dsv3_prefill_auto", 4096, ROUTE_UNIFORM, true},
     {"u.b", "bench_dsv3_decode_auto", 128, ROUTE_UNIFORM, false},
     {"u.b.push", "bench_dsv3_decode_auto", 128, ROUTE_UNIFORM, true},
-    {"x.a", "bench_dsv3_prefill_copy", 4096, ROUTE_UNIFORM, false},
-    {"x.f.16", "bench_dsv3_prefill_sms16_copy", 4096, ROUTE_UNIFORM, false},
-    {"x.f.8", "bench_dsv3_prefill_sms8_copy", 4096, ROUTE_UNIFORM, false},
-    {"x.i.a", "bench_dsv3_prefill_fp8_copy", 4096, ROUTE_UNIFORM, false},
 };
 #define N_ROWS ((int)(sizeof matrix / sizeof matrix[0]))
 
@@ -153,7 +147,7 @@ static void usage(FILE *f)
             "  --manifest PATH  manifest.json of the generated bench variants (required)\n"
             "  --csv PATH       write the rows as CSV (rank 0; rows appear as variants finish)\n"
             "  --markdown PATH  write the final tables in Markdown (rank 0), for bench/RESULTS.md\n"
-            "  --groups LIST    only these row groups, letters a..i, p, u and x separated by commas\n"
+            "  --groups LIST    only these row groups, letters a..i, p and u separated by commas\n"
             "                   (default all): a prefill, b decode, c qwen3 shape, d zipf, e T sweep, f SM\n"
             "                   budgets, g layout expert (g.k: combine_order = \"k\"), h fixed costs (a,\n"
             "                   b and g.prefill with every token routed to its own rank: no row\n"
@@ -236,8 +230,8 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--groups")) {
             o->groups = argv[++i];
             for (const char *g = o->groups; *g; g++)
-                if (*g != ',' && (*g < 'a' || *g > 'i') && *g != 'p' && *g != 'u' && *g != 'x')
-                    return bad_usage("--groups \"%s\": expected letters a..i, p, u and x separated by commas",
+                if (*g != ',' && (*g < 'a' || *g > 'i') && *g != 'p' && *g != 'u')
+                    return bad_usage("--groups \"%s\": expected letters a..i, p and u separated by commas",
                                      o->groups);
         } else if (!strcmp(a, "--reps")) {
             if (!parse_int(argv[++i], 1, 100000, &o->reps))

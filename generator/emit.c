@@ -181,8 +181,6 @@ void sg_header(const sg_variant *v, const char *spec_path, sg_buf *out)
     sg_buf_printf(out, " *   layout         %s\n", sg_layout_name(v->layout));
     sg_buf_printf(out, " *   weights        %s\n", v->weights ? "true" : "false");
     sg_buf_printf(out, " *   combine        %s\n", sg_combine_name(v->combine));
-    if (v->dispatch == SYMM_DISPATCH_COPY)
-        sg_buf_printf(out, " *   dispatch       copy (%d pieces a peer)\n", sg_ce_pieces(v));
     sg_buf_printf(out, " *   capacity       %lld%s\n", (long long)v->capacity,
                   v->capacity == l.worst_capacity ? " (worst case)" : "");
     sg_buf_printf(out, " *   align          %d\n", v->align);

@@ -29,11 +29,6 @@
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-int sg_ce_pieces(const sg_variant *v)
-{
-    return v->dispatch == SYMM_DISPATCH_COPY ? symm_ce_pieces(v->max_tokens) : 0;
-}
-
 int64_t sg_worst_capacity(const sg_variant *v)
 {
     int64_t local = v->experts / v->world;
@@ -124,14 +119,6 @@ void sg_layout_compute(const sg_variant *v, sg_layout *out)
      * source publishes once the token's head has landed here. */
     place(out, SYMM_REGION_CHAIN_READY, "chain_ready",
           !rank && K > 1 && W > 1 ? SG_SIGNAL_SLOT + round_up(W * 8, SG_SIGNAL_SLOT) + W * T * 8 : 0, true);
-    /* dispatch = "copy": each peer's tokens as its copy engine copies them
-     * (x whole, max_tokens rows a peer, at slot (source - this rank - 1)
-     * mod world), and per source rank a 128-byte slot: the source's word of
-     * the call (tagged, its count of copying calls) and a counter a piece
-     * that the source's stream adds to once the piece's copy is complete. */
-    const bool copy = v->dispatch == SYMM_DISPATCH_COPY;
-    place(out, SYMM_REGION_CE_STAGE, "ce_stage", copy ? (W - 1) * T * H * elt : 0, true);
-    place(out, SYMM_REGION_CE_FLAGS, "ce_flags", copy ? W * SG_SIGNAL_SLOT : 0, true);
 
     place(out, SYMM_REGION_STATE, "state", SG_STATE_BYTES, false);
     place(out, SYMM_REGION_EXPERT_COUNT, "expert_count", L * 4, false);

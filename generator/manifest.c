@@ -179,9 +179,6 @@ static void variant_members(json *j, const sg_variant *v, const sg_generated *g)
     boolean(j, "weights", v->weights);
     str(j, "combine", sg_combine_name(v->combine));
     str(j, "combine_order", v->combine_order == SYMM_COMBINE_ORDER_K ? "k" : "rank");
-    str(j, "dispatch", v->dispatch == SYMM_DISPATCH_COPY ? "copy" : "push");
-    if (v->dispatch == SYMM_DISPATCH_COPY)
-        num(j, "ce_pieces", sg_ce_pieces(v));
     num(j, "capacity", (long long)v->capacity);
     num(j, "worst_capacity", (long long)l.worst_capacity);
     num(j, "align", v->align);

@@ -55,7 +55,6 @@ typedef struct sg_variant {
                              * rank): both forms, chosen per call by where y lies */
     symm_combine_order combine_order; /* layout expert: partial sums per rank (default) or
                              * the ascending-k sum of every (token, expert) row */
-    symm_dispatch_mode dispatch; /* "copy" (layout rank): the peers' rows by the copy engine */
     int hosts[SG_MAX_HOSTS]; /* field hosts: the host counts, ascending, each > 1 dividing world */
     int n_hosts;             /* 0: one host only */
     /* A companion (the native part of the hybrid backend on hosts H): the
@@ -140,9 +139,6 @@ typedef struct sg_layout {
 
 void sg_layout_compute(const sg_variant *v, sg_layout *out);
 int64_t sg_worst_capacity(const sg_variant *v);
-/* dispatch = "copy": the pieces a peer's copy is cut into (symm_ce_pieces of
- * max_tokens, symm_types.h); 0 otherwise. */
-int sg_ce_pieces(const sg_variant *v);
 
 /* Template variables (vars.c): the holes of the templates. */
 typedef struct sg_var {

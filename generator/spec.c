@@ -76,19 +76,16 @@
 
 enum field {
     F_NAME, F_HIDDEN, F_TOPK, F_EXPERTS, F_WORLD, F_MAX_TOKENS, F_DTYPE,
-    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COMBINE_ORDER, F_HOSTS,
-    F_DISPATCH, F_COUNT
+    F_COMBINE_DTYPE, F_LAYOUT, F_WEIGHTS, F_CAPACITY, F_ALIGN, F_SMS, F_COMBINE, F_COMBINE_ORDER, F_HOSTS, F_COUNT
 };
 
 static const char *const field_names[F_COUNT] = {
     "name", "hidden", "topk", "experts", "world", "max_tokens", "dtype",
     "combine_dtype", "layout", "weights", "capacity", "align", "sms", "combine", "combine_order", "hosts",
-    "dispatch",
 };
 
 #define ACCEPTED_FIELDS "name, hidden, topk, experts, world, max_tokens, dtype, " \
-                        "combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts, " \
-                        "dispatch"
+                        "combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts"
 
 /* Integer fields and their ranges, checked one field at a time; the checks
  * that combine fields come after (check_combinations). */
@@ -117,8 +114,6 @@ static const char *const layout_names[] = { "rank", "expert" };
 static const char *const combine_names[] = { "push", "pull", "auto" };
 /* Indexed by symm_combine_order. */
 static const char *const combine_order_names[] = { "rank", "k" };
-/* Indexed by symm_dispatch_mode. */
-static const char *const dispatch_names[] = { "push", "copy" };
 
 #define NAME_WHAT "a C identifier (letters, digits and _, not starting with a digit)"
 
@@ -2374,10 +2369,6 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
     ok[F_COMBINE_ORDER] = value_of(c, F_COMBINE_ORDER)->kind == RAW_ABSENT ||
                           take_choice(c, F_COMBINE_ORDER, combine_order_names, 2, &order);
     v->combine_order = (symm_combine_order)order;
-    int dispatch = SYMM_DISPATCH_PUSH;
-    ok[F_DISPATCH] = value_of(c, F_DISPATCH)->kind == RAW_ABSENT ||
-                     take_choice(c, F_DISPATCH, dispatch_names, 2, &dispatch);
-    v->dispatch = (symm_dispatch_mode)dispatch;
     ok[F_HOSTS] = take_hosts(c, v);
 }
 
@@ -2479,9 +2470,6 @@ static void check_combinations(check *c, sg_variant *v, const bool *ok)
         v->combine_order != SYMM_COMBINE_ORDER_RANK)
         got_expected(c, F_COMBINE_ORDER, "\"rank\" (combine_order \"k\" applies only to layout \"expert\": "
                      "layout rank sends one row per token and rank)");
-    if (ok[F_DISPATCH] && ok[F_LAYOUT] && v->layout == SYMM_LAYOUT_EXPERT && v->dispatch == SYMM_DISPATCH_COPY)
-        got_expected(c, F_DISPATCH, "\"push\" with layout \"expert\" (\"copy\", the peers' rows by the copy "
-                     "engine, is for layout \"rank\", whose rows at a peer are one a token)");
     bool shape = ok[F_TOPK] && ok[F_EXPERTS] && ok[F_WORLD];
     if (ok[F_TOPK] && ok[F_EXPERTS] && v->topk > v->experts) {
         got_expected(c, F_TOPK, "1..%d (at most experts)", v->experts);

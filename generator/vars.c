@@ -80,8 +80,6 @@ static const char *const region_names[SYMM_REGION_COUNT] = {
     [SYMM_REGION_RECV_CHAIN] = "RECV_CHAIN",
     [SYMM_REGION_Y] = "Y",
     [SYMM_REGION_CHAIN_READY] = "CHAIN_READY",
-    [SYMM_REGION_CE_STAGE] = "CE_STAGE",
-    [SYMM_REGION_CE_FLAGS] = "CE_FLAGS",
 };
 
 /* A formatted string, malloc'd. */
@@ -318,11 +316,6 @@ int sg_vars_for_variant(const sg_variant *v, const char *spec_path, sg_vars *out
     sg_vars_set(out, "COMBINE_ORDER_K", "%s", v->combine_order == SYMM_COMBINE_ORDER_K ? "true" : "false");
     sg_vars_set(out, "COMBINE_ORDER_ENUM", "%s",
                 v->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK");
-    const bool copy = v->dispatch == SYMM_DISPATCH_COPY;
-    sg_vars_set(out, "DISPATCH_COPY", "%s", copy ? "true" : "false");
-    sg_vars_set(out, "DISPATCH_COPY_INT", "%d", copy ? 1 : 0);
-    sg_vars_set(out, "DISPATCH_ENUM", "%s", copy ? "SYMM_DISPATCH_COPY" : "SYMM_DISPATCH_PUSH");
-    sg_vars_set(out, "CE_PIECES", "%d", sg_ce_pieces(v));
     sg_vars_set(out, "Y_WHERE", "%s",
                 v->combine == SYMM_COMBINE_PULL
                     ? "inside this variant's symmetric buffer\n"

@@ -56,12 +56,10 @@ static const struct {
     [SYMM_REGION_RECV_CHAIN] = {"recv_chain", "RECV_CHAIN", 1},
     [SYMM_REGION_Y] = {"y", "Y", 1},
     [SYMM_REGION_CHAIN_READY] = {"chain_ready", "CHAIN_READY", 1},
-    [SYMM_REGION_CE_STAGE] = {"ce_stage", "CE_STAGE", 1},
-    [SYMM_REGION_CE_FLAGS] = {"ce_flags", "CE_FLAGS", 1},
 };
 #define REGION_NAMES "signals, counts, recv_x, recv_scales, recv_src, recv_topk_idx, recv_weights, " \
                      "combine_in, state, expert_count, expert_offset, token_route, token_weights, layout_work, combine_flags, " \
-                     "recv_chain, y, chain_ready, ce_stage, ce_flags"
+                     "recv_chain, y, chain_ready"
 
 /* Indexed by symm_dtype, symm_layout and symm_combine_mode. */
 static const char *const dtype_names[] = {"bf16", "fp16", "fp32", "fp8_e4m3"};
@@ -69,8 +67,6 @@ static const char *const layout_names[] = {"rank", "expert"};
 static const char *const combine_names[] = {"push", "pull", "auto"};
 /* Indexed by symm_combine_order. */
 static const char *const combine_order_names[] = {"rank", "k"};
-/* Indexed by symm_dispatch_mode. */
-static const char *const dispatch_names[] = {"push", "copy"};
 
 typedef struct entry {
     symm_variant_desc desc;
@@ -247,8 +243,7 @@ static bool is_identifier(const char *s)
 typedef struct params {
     int64_t hidden, topk, experts, world, max_tokens, capacity, worst_capacity, align, sms;
     int64_t symmetric_bytes, scratch_bytes;
-    int dtype, combine_dtype, layout, weights, combine, combine_order, dispatch;
-    int64_t ce_pieces;
+    int dtype, combine_dtype, layout, weights, combine, combine_order;
 } params;
 
 static symm_status read_params(const reader *r, const symm_json *obj, params *p)
@@ -273,13 +268,6 @@ static symm_status read_params(const reader *r, const symm_json *obj, params *p)
     p->combine_order = SYMM_COMBINE_ORDER_RANK;
     if (symm_json_member(obj, "combine_order", NULL))
         SYMM_TRY(get_choice(r, obj, "combine_order", combine_order_names, 2, "", &p->combine_order));
-    /* "dispatch" is "push" unless given; "copy" comes with its pieces. */
-    p->dispatch = SYMM_DISPATCH_PUSH;
-    p->ce_pieces = 0;
-    if (symm_json_member(obj, "dispatch", NULL))
-        SYMM_TRY(get_choice(r, obj, "dispatch", dispatch_names, 2, "", &p->dispatch));
-    if (p->dispatch == SYMM_DISPATCH_COPY)
-        SYMM_TRY(get_int(r, obj, "ce_pieces", 1, SYMM_CE_PIECES_MAX, &p->ce_pieces));
     SYMM_TRY(get_int(r, obj, "capacity", 1, INT32_MAX, &p->capacity));
     SYMM_TRY(get_int(r, obj, "worst_capacity", 1, INT32_MAX, &p->worst_capacity));
     SYMM_TRY(get_int(r, obj, "align", 1, 4096, &p->align));
@@ -316,16 +304,6 @@ static symm_status check_combinations(const reader *r, const symm_json *obj, con
     if (p->layout == SYMM_LAYOUT_EXPERT && p->combine == SYMM_COMBINE_AUTO)
         return field_error(r, "combine", symm_json_member(obj, "combine", NULL),
                            "push or pull with layout expert (auto is for layout rank only)");
-    if (p->layout == SYMM_LAYOUT_EXPERT && p->dispatch == SYMM_DISPATCH_COPY)
-        return field_error(r, "dispatch", symm_json_member(obj, "dispatch", NULL),
-                           "push with layout expert (copy is for layout rank only)");
-    if (p->dispatch == SYMM_DISPATCH_COPY) {
-        const int want = symm_ce_pieces((int)p->max_tokens);
-        if (p->ce_pieces != want)
-            return field_error(r, "ce_pieces", symm_json_member(obj, "ce_pieces", NULL),
-                               "%d (max_tokens / %d rounded up, at most %d)", want, SYMM_CE_PIECE_ROWS,
-                               SYMM_CE_PIECES_MAX);
-    }
     /* Bounded by the ranges above: at most 2^52 rows, no overflow. */
     int64_t worst = p->world * p->max_tokens;
     if (p->layout == SYMM_LAYOUT_EXPERT)
@@ -546,8 +524,6 @@ static symm_status read_variant(reader *r, const symm_json *obj, size_t index, e
         .weights = p.weights,
         .combine = (symm_combine_mode)p.combine,
         .combine_order = (symm_combine_order)p.combine_order,
-        .dispatch = (symm_dispatch_mode)p.dispatch,
-        .ce_pieces = (int)p.ce_pieces,
         .align = (int)p.align,
         .sms = (int)p.sms,
         .capacity = p.capacity,
@@ -667,7 +643,7 @@ static symm_status link_companions(symm_manifest *m, entry *e, const symm_json *
                  d->max_tokens != (int64_t)H * p->max_tokens || d->hidden != p->hidden || d->topk != p->topk ||
                  d->dtype != p->dtype || d->combine_dtype != p->combine_dtype || d->layout != p->layout ||
                  d->weights != p->weights || d->align != p->align || d->combine != p->combine ||
-                 d->combine_order != p->combine_order || d->dispatch != p->dispatch || d->capacity != p->capacity)
+                 d->combine_order != p->combine_order || d->capacity != p->capacity)
             why = "its parameters are not this variant's on one host (world / hosts, experts / hosts, "
                   "hosts * max_tokens, the rest equal)";
         for (int j = 0; !why && j < i; j++)
@@ -888,10 +864,6 @@ symm_status symm_desc_check_source(const symm_variant_desc *d)
                             ";"));
     SYMM_TRY(check_constant(d, "constexpr bool COMBINE_ORDER_K = ", "combine_order",
                             d->combine_order == SYMM_COMBINE_ORDER_K ? "true" : "false", ";"));
-    SYMM_TRY(check_constant(d, "constexpr bool DISPATCH_COPY = ", "dispatch",
-                            d->dispatch == SYMM_DISPATCH_COPY ? "true" : "false", ";"));
-    snprintf(value, sizeof value, "%d", d->ce_pieces);
-    SYMM_TRY(check_constant(d, "constexpr int CE_PIECES = ", "ce_pieces", value, ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->dtype);
     SYMM_TRY(check_constant(d, "constexpr Dtype DTYPE = ", "dtype", value, ";"));
     snprintf(value, sizeof value, "Dtype(%d)", (int)d->combine_dtype);

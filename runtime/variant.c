@@ -183,13 +183,6 @@ static uint64_t scratch_bytes(const symm_variant *v)
 /* Where the spans lie (PROFILE=2): right after the descriptor's scratch. */
 static CUdeviceptr profile_spans(const symm_variant *v) { return v->scratch + v->desc->scratch_bytes; }
 
-/* dispatch = "copy" with a peer: the copy engine moves the peers' rows (the
- * template's CE). */
-static bool copies_rows(const symm_variant_desc *d)
-{
-    return d->dispatch == SYMM_DISPATCH_COPY && d->layout == SYMM_LAYOUT_RANK && d->world > 1;
-}
-
 /* JIT-compile (through the cache) and load the kernels with the tuning;
  * check that every block of a launch can be resident at once (blocks wait
  * for each other). */
@@ -260,15 +253,6 @@ static symm_status load_kernels(symm_variant *v, const symm_variant_options *opt
         SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_dispatch", &v->fn_dispatch));
         SYMM_TRY(symm_jit_get_function(v->module, "symm_combine", &v->fn_combine));
     }
-    if (v->backend == SYMM_BACKEND_NATIVE && copies_rows(v->desc)) {
-        SYMM_TRY(symm_jit_get_function(v->module_dispatch, "symm_ce_landed", &v->fn_ce_landed));
-        SYMM_CU(cu, cuStreamCreate(&v->ce_stream, CU_STREAM_NON_BLOCKING));
-        SYMM_CU(cu, cuStreamCreate(&v->ce_signal, CU_STREAM_NON_BLOCKING));
-        SYMM_CU(cu, cuEventCreate(&v->ce_fork, CU_EVENT_DISABLE_TIMING));
-        SYMM_CU(cu, cuEventCreate(&v->ce_join, CU_EVENT_DISABLE_TIMING));
-        for (int i = 0; i < v->desc->ce_pieces; i++)
-            SYMM_CU(cu, cuEventCreate(&v->ce_piece[i], CU_EVENT_DISABLE_TIMING));
-    }
     if (two_forms)
         SYMM_TRY(symm_jit_get_function(v->module_pull, "symm_combine_pull", &v->fn_combine_pull));
     if (v->backend != SYMM_BACKEND_NATIVE) {
@@ -330,23 +314,8 @@ static void release(symm_variant *v)
     /* Only where there is something to free: a create refused before any
      * GPU work keeps its message (symm_cuda would set its own without a
      * driver). */
-    bool ce_pieces = false;
-    for (int i = 0; i < SYMM_CE_PIECES_MAX; i++)
-        ce_pieces |= v->ce_piece[i] != NULL;
-    if ((v->scratch || v->module || v->module_dispatch || v->module_nccl || v->module_pull || v->ce_stream ||
-         v->ce_signal || v->ce_fork || v->ce_join || ce_pieces) &&
+    if ((v->scratch || v->module || v->module_dispatch || v->module_nccl || v->module_pull) &&
         symm_cuda(&cu) == SYMM_OK) {
-        if (v->ce_stream)
-            cu->cuStreamDestroy(v->ce_stream);
-        if (v->ce_signal)
-            cu->cuStreamDestroy(v->ce_signal);
-        for (int i = 0; i < SYMM_CE_PIECES_MAX; i++)
-            if (v->ce_piece[i])
-                cu->cuEventDestroy(v->ce_piece[i]);
-        if (v->ce_fork)
-            cu->cuEventDestroy(v->ce_fork);
-        if (v->ce_join)
-            cu->cuEventDestroy(v->ce_join);
         if (v->scratch)
             cu->cuMemFree(v->scratch);
         if (v->module)
@@ -597,56 +566,6 @@ static symm_status launch(const symm_variant *v, CUfunction fn, unsigned blocks,
     return st;
 }
 
-/* dispatch = "copy", a call whose T the host gives, issued after the
- * dispatch kernel (so that a graph's launch, which follows the order its
- * nodes were captured in, never queues the kernel behind a copy's landed
- * kernel): on the variant's copy stream, which waits for the fork event
- * recorded on the caller's stream before the kernel (so x is ready, the
- * copies do not wait for the kernel, and they are in a graph being
- * captured), x's T rows to every peer's stage, at this rank's slot there
- * ((rank - peer - 1) mod world), row t at row t, in desc->ce_pieces pieces
- * of ceil(max_tokens / ce_pieces) rows (the template's CE_PIECE_ROWS). The
- * pieces go first to every peer, then the next, back to back: the copy
- * engine never waits for a kernel. After each piece an event; the signal
- * stream waits for it and launches symm_ce_landed on every peer's counter
- * of this rank and piece (an empty piece too: the counters count the
- * copying calls), so each peer places a piece's rows as soon as it lands.
- * The caller joins the signal stream back after the kernel
- * (symm_variant_dispatch): its last kernel follows every copy. Why no copy
- * waits for the peer to have read the last call's: docs/protocol.md
- * "Dispatch by the copy engine". */
-static symm_status ce_copies(symm_variant *v, const symm_dispatch_args *args)
-{
-    const symm_cuda_api *cu;
-    SYMM_TRY(symm_cuda(&cu));
-    const symm_variant_desc *d = v->desc;
-    const int W = d->world, me = v->rank, T = args->tokens, pieces = d->ce_pieces;
-    const int per = (d->max_tokens + pieces - 1) / pieces;
-    const uint64_t row = (uint64_t)d->hidden * (uint64_t)symm_dtype_size(d->dtype);
-    const symm_region_desc *stage = &d->regions[SYMM_REGION_CE_STAGE], *flags = &d->regions[SYMM_REGION_CE_FLAGS];
-    SYMM_CU(cu, cuStreamWaitEvent(v->ce_stream, v->ce_fork, 0));
-    for (int i = 0; i < pieces; i++) {
-        const int lo = i * per, hi = T < (i + 1) * per ? T : (i + 1) * per;
-        for (int q = 1; q < W && hi > lo; q++) {
-            const int p = (me + q) % W, slot = (me - p - 1 + W) % W;
-            const CUdeviceptr peer = symm_alloc_peer(v->alloc, p);
-            SYMM_CU(cu, cuMemcpyDtoDAsync(peer + stage->offset +
-                                              ((uint64_t)slot * (uint64_t)d->max_tokens + (uint64_t)lo) * row,
-                                          (CUdeviceptr)args->x + (uint64_t)lo * row, (uint64_t)(hi - lo) * row,
-                                          v->ce_stream));
-        }
-        SYMM_CU(cu, cuEventRecord(v->ce_piece[i], v->ce_stream));
-        SYMM_CU(cu, cuStreamWaitEvent(v->ce_signal, v->ce_piece[i], 0));
-        for (int q = 1; q < W; q++) {
-            const int p = (me + q) % W;
-            CUdeviceptr count = symm_alloc_peer(v->alloc, p) + flags->offset + (uint64_t)me * 128 + 8 + (uint64_t)i * 8;
-            void *params[] = {&count};
-            SYMM_CU(cu, cuLaunchKernel(v->fn_ce_landed, 1, 1, 1, 32, 1, 1, 0, v->ce_signal, params, NULL));
-        }
-    }
-    return SYMM_OK;
-}
-
 symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *args, CUstream stream)
 {
     if (!v)
@@ -674,21 +593,8 @@ symm_status symm_variant_dispatch(symm_variant *v, const symm_dispatch_args *arg
     k.topk_weights = (CUdeviceptr)args->topk_weights;
     k.tokens_dev = (CUdeviceptr)args->tokens_dev;
     k.tokens = args->tokens;
-    /* dispatch = "copy" where the host gives T: the copies beside the kernel
-     * (with tokens_dev the kernel sends every row itself). */
-    const bool ce = copies_rows(v->desc) && !args->tokens_dev;
-    const symm_cuda_api *cu = NULL;
-    if (ce) {
-        SYMM_TRY(symm_cuda(&cu));
-        SYMM_CU(cu, cuEventRecord(v->ce_fork, stream));
-    }
     SYMM_TRY(launch(v, v->fn_dispatch, (unsigned)v->desc->sms, COPY_THREADS, v->dispatch_smem, &k, stream, v->pdl,
                     "dispatch: launch of symm_dispatch"));
-    if (ce) {
-        SYMM_TRY(ce_copies(v, args));
-        SYMM_CU(cu, cuEventRecord(v->ce_join, v->ce_signal));
-        SYMM_CU(cu, cuStreamWaitEvent(stream, v->ce_join, 0));
-    }
     v->awaiting_combine = true;
     return SYMM_OK;
 }

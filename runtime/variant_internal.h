@@ -21,9 +21,8 @@ typedef struct device_state {
     uint64_t err_seq;
     int32_t own_first, own_end;
     uint64_t pulls;
-    uint64_t ce_calls;
 } device_state;
-_Static_assert(sizeof(device_state) == 80, "device_state mirrors State in variant.cu.in");
+_Static_assert(sizeof(device_state) == 72, "device_state mirrors State in variant.cu.in");
 
 /* State.err_code: the sticky device error. */
 enum {
@@ -54,12 +53,6 @@ struct symm_variant {
         fn_nccl_restage, fn_count_experts,
         fn_reduce; /* NCCL backend (the hybrid uses fn_nccl_gather) */
     CUfunction fn_hybrid_src, fn_hybrid_sum; /* hybrid backend */
-    /* dispatch = "copy" with a peer (native backend): the copy engine's
-     * stream, forked from and joined back to the caller's in each dispatch,
-     * and the kernel that counts a landed piece at a peer (symm_ce_landed). */
-    CUstream ce_stream, ce_signal;                    /* the copies; their landed kernels */
-    CUevent ce_fork, ce_join, ce_piece[SYMM_CE_PIECES_MAX]; /* ce_piece[i]: piece i's copies done */
-    CUfunction fn_ce_landed;
     unsigned dispatch_smem, combine_smem, combine_pull_smem; /* dynamic shared memory of the kernels
                                                                  (bulk-copy buffers) */
     bool awaiting_combine;     /* a dispatch was issued; its combine was not */

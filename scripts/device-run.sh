@@ -365,8 +365,7 @@ for s in "$@"; do
             step sanitizer-$tool 300 $run -n 2 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
                 --variant bf16_rank_w2 --variant fp8_expert_a128_w2 --variant bf16_rank_cap_w2 \
-                --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2 --variant bf16_expert_order_k_w2 \
-                --variant bf16_rank_copy_w2
+                --variant bf16_rank_pull_w2 --variant fp16_expert_a8_pull_w2 --variant bf16_expert_order_k_w2
         done ;;
     bench-check | bench-sanitize) # check --quick of specs/bench.lua's variants BENCH_VARIANTS (comma-separated;
         # default its layout-expert variants, both orders, at decode and prefill) at the host's world, a rank per
@@ -390,13 +389,12 @@ for s in "$@"; do
                     --error-exitcode 9 "$build/tests-gpu/check" --manifest "$bm" --quick --graph-replays 2 "${vargs[@]}"
             done
         fi ;;
-    sanitize-w4) # memcheck and racecheck at world 4 (a rank per GPU on 4 GPUs, else two a GPU): dispatch = "copy", layout
+    sanitize-w4) # memcheck and racecheck at world 4 (a rank per GPU on 4 GPUs, else two a GPU): layout
         # rank's pushes round the peers (PUSH_INTERLEAVE), both forms of auto, layout expert's parts
         for tool in memcheck racecheck; do
             step sanitizer-$tool-w4 400 $run -n 4 --gpus "$gpus" -- compute-sanitizer --tool $tool --error-exitcode 9 \
                 "$build/tests-gpu/check" --manifest out/default/manifest.json --quick --graph-replays 2 \
-                --variant bf16_rank_w4 --variant bf16_rank_auto_w4 --variant fp8_expert_a128_w4 --variant bf16_expert_w4 \
-                --variant fp8_rank_copy_w4
+                --variant bf16_rank_w4 --variant bf16_rank_auto_w4 --variant fp8_expert_a128_w4 --variant bf16_expert_w4
         done ;;
     sanitize-hybrid) # the hybrid backend's kernels (and the companion's) under memcheck, 2 simulated hosts
         # (API errors not reported: NCCL's init probes kernels it has no image

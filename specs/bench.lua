@@ -20,9 +20,6 @@
 --   (u) auto      bench_dsv3_*_auto           (a) and (b) with combine = "auto": rows
 --                                             u.a, u.b with y in region y (pulling),
 --                                             u.a.push, u.b.push with y outside (pushing)
---   (x) copy      bench_dsv3_*_copy           (a), (f) at 16 and 8 SMs and (i.a) with dispatch =
---                                             "copy": the peers' rows by the copy engines
---                                             (bench/NOTES.md 106)
 --
 -- Everything is bf16 dispatch and combine with top-k weights and the
 -- worst-case capacity (no routing can overflow), world 2, sms 24 and
@@ -94,11 +91,3 @@ layout(bench("bench_dsv3_decode_expert_pull", dsv3, { max_tokens = DECODE, layou
 -- the per-call check of the form costs each form.
 layout(bench("bench_dsv3_prefill_auto", dsv3, { max_tokens = PREFILL, combine = "auto" }))
 layout(bench("bench_dsv3_decode_auto", dsv3, { max_tokens = DECODE, combine = "auto" }))
-
--- dispatch = "copy": every row for a peer copied whole by the copy engines,
--- placed there by the peer's SMs (bench/NOTES.md 106, 107, 108): (a), (f)
--- at 16 and 8 SMs and (i.a), against the SMs' stores of the same rows.
-layout(bench("bench_dsv3_prefill_copy", dsv3, { max_tokens = PREFILL, dispatch = "copy" }))
-layout(bench("bench_dsv3_prefill_sms16_copy", dsv3, { max_tokens = PREFILL, sms = 16, dispatch = "copy" }))
-layout(bench("bench_dsv3_prefill_sms8_copy", dsv3, { max_tokens = PREFILL, sms = 8, dispatch = "copy" }))
-layout(bench("bench_dsv3_prefill_fp8_copy", dsv3, { max_tokens = PREFILL, dtype = "fp8_e4m3", dispatch = "copy" }))

@@ -7,8 +7,7 @@
 -- capacity is below the worst case (one per layout), expert layouts with
 -- aligned segments, a variant per world on 2 SMs, combines that pull
 -- (one per layout and world), combines of both forms (combine = "auto", one
--- per world), a dispatch by the copy engine (dispatch = "copy", one per
--- world), and companions for worlds across hosts (hosts: world 1 and 2
+-- per world), and companions for worlds across hosts (hosts: world 1 and 2
 -- among them).
 --
 -- Names read dtype_layout_wWORLD (plus what is special about the variant).
@@ -71,12 +70,6 @@ for _, w in ipairs({ 2, 4 }) do
   -- max_tokens 1024 up); at world 4 with a companion of 2 hosts, whose
   -- combine is "auto" too.
   layout(with(mid, { name = "bf16_rank_auto" .. s, world = w, combine = "auto", hosts = w == 4 and { 2 } or nil }))
-  -- dispatch = "copy" (layout rank): the peers' rows by the copy engine,
-  -- placed by their SMs; max_tokens 512 cuts a call's copies in two pieces
-  -- (one up to 256 tokens); fp8 at world 4 (the scales go with the rows'
-  -- metadata, by the SMs).
-  layout(with(mid, { name = (w == 2 and "bf16" or "fp8") .. "_rank_copy" .. s, world = w, max_tokens = 512,
-                     dtype = w == 2 and "bf16" or "fp8_e4m3", dispatch = "copy" }))
 end
 
 -- Top-8 over 64 experts at the largest hidden size of the set, with segments

@@ -76,16 +76,6 @@
 --                          row travels back.
 --                 Both are bitwise reproducible; they differ in the last
 --                 bits because "rank" rounds each part.
---   dispatch      how dispatch moves the rows each peer receives:
---                   "push" (default) the SMs store every row there;
---                   "copy" (layout "rank") the copy engines copy each
---                          rank's tokens whole into a stage at every peer,
---                          whose SMs place them: the same results, the
---                          SMs free of the NVLink stores. It costs (world -
---                          1) x max_tokens rows of memory a rank; a call
---                          with T in device memory (tokens_dev) sends its
---                          rows by the SMs. For world 2 at prefill sizes
---                          (docs/spec.md).
 --   hosts         the host counts the variant also runs on across hosts
 --                 (default none: one host). For each H, symmgen writes a
 --                 companion NAME_hH, the native variant of one host's
@@ -96,7 +86,7 @@
 -- variant, the field, the value and what was expected. Had the first
 -- variant below written hidden = "4096" (a string), symmgen would say
 --
---   specs/tutorial.lua:112: variant first: field hidden: got "4096", expected an integer > 0
+--   specs/tutorial.lua:102: variant first: field hidden: got "4096", expected an integer > 0
 --
 -- Every field can be overridden for all variants from the command line:
 --

@@ -30,9 +30,7 @@ class Variant:
     "fp32", "fp8_e4m3"), layout ("rank" or "expert"), weights (bool),
     combine ("push", "pull" or "auto": both forms, by where y lies, layout
     rank only), combine_order ("rank" or "k": the order in
-    which layout expert's combine sums), dispatch ("push", or "copy": the
-    peers' rows by the copy engine, layout rank only), capacity,
-    worst_capacity, align,
+    which layout expert's combine sums), capacity, worst_capacity, align,
     sms, symmetric_bytes, scratch_bytes, regions ({name: (offset, bytes,
     symmetric)}), arguments (the manifest's per-operation argument lists),
     fields (every member as written) and manifest_path."""
@@ -65,13 +63,6 @@ class Variant:
         # Manifests of a libsymm before the choice existed summed layout
         # expert's combine in k order; layout rank has one order.
         self.combine_order = fields.get("combine_order", "k" if self.layout == "expert" else "rank")
-        # Manifests before the field: every row by the SMs.
-        self.dispatch = fields.get("dispatch", "push")
-        if self.dispatch not in ("push", "copy"):
-            raise ManifestError(f"{where}: field dispatch: got {self.dispatch!r}, expected push or copy")
-        if self.dispatch == "copy" and self.layout != "rank":
-            raise ManifestError(f"{where}: field dispatch: got 'copy', expected push with layout expert "
-                                f"(copy is for layout rank only)")
         self.regions = {r["name"]: (r["offset"], r["bytes"], bool(r["symmetric"]))
                         for r in fields.get("regions", [])}
         # Across hosts: a companion's host count and parent, a variant's

@@ -46,31 +46,6 @@ typedef enum symm_combine_mode {
     SYMM_COMBINE_AUTO = 2,
 } symm_combine_mode;
 
-/* How dispatch moves the rows each peer receives (spec field dispatch).
- * PUSH: the SMs store every row at its destination. COPY (layout rank):
- * the copy engine copies this rank's tokens whole into a staging region at
- * each peer (ce_stage) while the SMs store the rows' metadata and this
- * rank's own rows; each peer's SMs then copy the rows from its stage to
- * their places. A call whose T is on the device (tokens_dev) moves its rows
- * by the SMs, as PUSH (the copy's size is the host's). The results are the
- * same bits either way (docs/protocol.md "Dispatch by the copy engine"). */
-typedef enum symm_dispatch_mode {
-    SYMM_DISPATCH_PUSH = 0,
-    SYMM_DISPATCH_COPY = 1,
-} symm_dispatch_mode;
-
-/* dispatch = "copy": a call's copies to a peer are cut into pieces (a copy
- * and its landed counter each) of max_tokens / SYMM_CE_PIECE_ROWS rows
- * rounded up, at most SYMM_CE_PIECES_MAX of them: the generator's value of
- * a variant's ce_pieces, which the runtime checks a manifest against. */
-#define SYMM_CE_PIECE_ROWS 256
-#define SYMM_CE_PIECES_MAX 8
-static inline int symm_ce_pieces(int max_tokens)
-{
-    const int pieces = (max_tokens + SYMM_CE_PIECE_ROWS - 1) / SYMM_CE_PIECE_ROWS;
-    return pieces < SYMM_CE_PIECES_MAX ? pieces : SYMM_CE_PIECES_MAX;
-}
-
 /* Bytes per element of a dtype (1, 2 or 4); 0 for an unknown value. */
 static inline int symm_dtype_size(symm_dtype d)
 {
@@ -106,8 +81,6 @@ typedef enum symm_region {
     SYMM_REGION_RECV_CHAIN,     /* sym: layout expert: [capacity, topk - 1] int32 rows a chain's head fills */
     SYMM_REGION_Y,              /* sym: combine = "pull" or "auto": [capacity, hidden] combine dtype, a place for y */
     SYMM_REGION_CHAIN_READY,    /* sym: layout expert: per (source rank, token) the call whose chain head landed */
-    SYMM_REGION_CE_STAGE,       /* sym: dispatch = "copy": [world - 1, max_tokens, hidden] dtype, each peer's tokens */
-    SYMM_REGION_CE_FLAGS,       /* sym: dispatch = "copy": per (source rank, piece) the copies landed, and the source's call word */
     SYMM_REGION_COUNT
 } symm_region;
 

@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 /* Version of symm_variant_desc; a stub built for another version is refused. */
-#define SYMM_DESC_ABI 8
+#define SYMM_DESC_ABI 7
 
 typedef struct symm_region_desc {
     uint64_t offset; /* from the start of the symmetric buffer or of the scratch */
@@ -72,9 +72,6 @@ typedef struct symm_variant_desc {
                                    the variant's symmetric buffer; AUTO: pulls when
                                    it does, pushes otherwise (symm_types.h) */
     symm_combine_order combine_order; /* layout expert: how combine sums (symm_types.h) */
-    symm_dispatch_mode dispatch;      /* how dispatch moves the peers' rows (symm_types.h) */
-    int ce_pieces;                    /* dispatch = "copy": the copies a peer per call (max_tokens cut
-                                         into this many runs of rows, each flagged as it lands) */
     int64_t capacity, worst_capacity;
     uint64_t symmetric_bytes;   /* per rank, before rounding to the VMM granularity */
     uint64_t scratch_bytes;     /* per rank, local device memory */

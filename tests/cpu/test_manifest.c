@@ -29,7 +29,7 @@
 
 #define FIXTURE_DIR "tests/cpu/fixtures/manifest"
 #define FIXTURE FIXTURE_DIR "/manifest.json"
-#define RANK_SHA "28aa9750e80e27719d37fc589d12a7a361df63f45634b42fcb9f64ae03d0243d"
+#define RANK_SHA "890e784e8e9d9d4c835ceb7feb5fc46d206824c3beaad6f92fe939e008560e0b"
 
 /* --- helpers ------------------------------------------------------------- */
 
@@ -126,8 +126,7 @@ static void expect_regions(const symm_variant_desc *d, const want_region *want, 
         const symm_region_desc *r = &d->regions[id];
         const bool symmetric = id < SYMM_REGION_STATE || id == SYMM_REGION_COMBINE_FLAGS ||
                                id == SYMM_REGION_RECV_CHAIN || id == SYMM_REGION_Y ||
-                               id == SYMM_REGION_CHAIN_READY || id == SYMM_REGION_CE_STAGE ||
-                               id == SYMM_REGION_CE_FLAGS;
+                               id == SYMM_REGION_CHAIN_READY;
         cr_assert_eq(r->symmetric, symmetric, "%s: region %d: symmetric %d", d->name, id, r->symmetric);
         if (!listed[id])
             cr_assert(r->offset == 0 && r->bytes == 0, "%s: region %d is not listed, expected it empty", d->name, id);
@@ -204,7 +203,7 @@ Test(manifest, fixture_fills_every_field_of_the_desc)
     };
     expect_regions(d, expert_regions, SYMM_ARRAY_LEN(expert_regions));
     expect_source(d, FIXTURE_DIR "/tiny_expert_fp8.cu",
-                  "9871efcf1dd77a01f6c7226e5438f89fcb6262d600ef0ce74f866e1f03affda7");
+                  "790d4f62b9b1af1617df299cb627c531b1c92e933fd9754906f9e148e67dfb23");
     symm_manifest_close(m);
 }
 
@@ -445,7 +444,6 @@ static void random_variant(uint64_t *rng, int index, sg_variant *v)
     v->sms = 1 + (int)below(rng, 132);
     v->combine = v->layout == SYMM_LAYOUT_RANK ? (symm_combine_mode)below(rng, 3) : (symm_combine_mode)below(rng, 2);
     v->combine_order = v->layout == SYMM_LAYOUT_EXPERT && below(rng, 2) ? SYMM_COMBINE_ORDER_K : SYMM_COMBINE_ORDER_RANK;
-    v->dispatch = v->layout == SYMM_LAYOUT_RANK && below(rng, 2) ? SYMM_DISPATCH_COPY : SYMM_DISPATCH_PUSH;
 }
 
 /* Source text of random printable characters and newlines (never NUL). */
@@ -471,8 +469,6 @@ static void expect_desc_of(const symm_variant_desc *d, const sg_variant *v, cons
     cr_assert(d->dtype == v->dtype && d->combine_dtype == v->combine_dtype && d->layout == v->layout &&
               d->weights == (int)v->weights && d->align == v->align && d->sms == v->sms &&
               d->combine == v->combine, "%s: kind differs", v->name);
-    cr_assert(d->dispatch == v->dispatch && d->ce_pieces == sg_ce_pieces(v), "%s: dispatch %d, %d pieces", v->name,
-              (int)d->dispatch, d->ce_pieces);
     cr_assert(d->capacity == v->capacity && d->worst_capacity == l.worst_capacity, "%s: capacity %lld/%lld",
               v->name, (long long)d->capacity, (long long)d->worst_capacity);
     cr_assert(d->symmetric_bytes == l.symmetric_bytes && d->scratch_bytes == l.scratch_bytes, "%s: sizes", v->name);
@@ -516,7 +512,6 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
         /* A pushing combine of layout expert by rank has a second signal
          * kind: the peers' warps that have stored their partial sums. */
         const bool grouped = !rank && v.combine_order == SYMM_COMBINE_ORDER_RANK;
-        const bool copy = v.dispatch == SYMM_DISPATCH_COPY;
         const struct {
             symm_region id;
             uint64_t bytes;
@@ -533,9 +528,6 @@ Test(layout, regions_have_the_sizes_of_the_protocol)
             {SYMM_REGION_EXPERT_COUNT, (uint64_t)(v.experts / v.world) * 4},
             /* Layout expert's chains: the counters' slot, the T words, a word per (source, token). */
             {SYMM_REGION_CHAIN_READY, !rank && K > 1 && W > 1 ? 128 + (W * 8 + 127) / 128 * 128 + W * T * 8 : 0},
-            /* dispatch = "copy": each peer's x whole; a 128-byte slot a source. */
-            {SYMM_REGION_CE_STAGE, copy ? (W - 1) * T * H * (uint64_t)symm_dtype_size(v.dtype) : 0},
-            {SYMM_REGION_CE_FLAGS, copy ? W * 128 : 0},
         };
         for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
             cr_assert_eq(l.regions[want[k].id].bytes, want[k].bytes,
@@ -767,8 +759,8 @@ ParameterizedTestParameters(manifest, bad_field_is_named_with_its_value)
         {"\"name\": \"tiny_rank\"", "\"nam\": \"tiny_rank\"", "variants[0]: field name: missing, expected a C identifier"},
         {"\"name\": \"tiny_expert_fp8\"", "\"name\": \"tiny_rank\"",
          "variants[1]: field name: got \"tiny_rank\", expected a name not used before (variants[0] has it)"},
-        {"\"source_sha256\": \"28aa", "\"source_sha256\": \"28AA",
-         "variant tiny_rank: field source_sha256: got \"28AA9750e80e27719d37fc589d12a7a361df63f4\"... (64 bytes), expected 64 lowercase hex digits"},
+        {"\"source_sha256\": \"890e", "\"source_sha256\": \"890E",
+         "variant tiny_rank: field source_sha256: got \"890E784e8e9d9d4c835ceb7feb5fc46d206824c3\"... (64 bytes), expected 64 lowercase hex digits"},
         {"\"content_sha256\": \"ee1a", "\"content_sha256\": 7, \"x\": \"",
          "variant tiny_rank: field content_sha256: got 7, expected 64 lowercase hex digits"},
         {"\"cu\": \"tiny_rank.cu\"", "\"cu\": \"/etc/passwd\"",
@@ -1313,7 +1305,6 @@ static const char *const region_enum[SYMM_REGION_COUNT] = {
     "SYMM_REGION_EXPERT_COUNT", "SYMM_REGION_EXPERT_OFFSET", "SYMM_REGION_TOKEN_ROUTE",
     "SYMM_REGION_TOKEN_WEIGHTS", "SYMM_REGION_LAYOUT_WORK", "SYMM_REGION_COMBINE_FLAGS",
     "SYMM_REGION_RECV_CHAIN",   "SYMM_REGION_Y",             "SYMM_REGION_CHAIN_READY",
-    "SYMM_REGION_CE_STAGE",     "SYMM_REGION_CE_FLAGS",
 };
 
 static void expect_in_stub(const char *stub, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1342,12 +1333,10 @@ static void expect_stub_matches(const symm_variant_desc *d, const char *stub)
     expect_in_stub(stub, n, ".dtype = %s,\n    .combine_dtype = %s,\n    .layout = %s,", dtype_enum[d->dtype],
                    dtype_enum[d->combine_dtype], d->layout == SYMM_LAYOUT_RANK ? "SYMM_LAYOUT_RANK" : "SYMM_LAYOUT_EXPERT");
     static const char *const combine_enum[] = {"SYMM_COMBINE_PUSH", "SYMM_COMBINE_PULL", "SYMM_COMBINE_AUTO"};
-    expect_in_stub(stub, n, ".weights = %d,\n    .combine = %s,\n    .combine_order = %s,\n    .dispatch = %s,\n    "
-                   ".ce_pieces = %d,\n    .align = %d,\n    .sms = %d,",
+    expect_in_stub(stub, n, ".weights = %d,\n    .combine = %s,\n    .combine_order = %s,\n    .align = %d,\n    .sms = %d,",
                    d->weights, combine_enum[d->combine],
-                   d->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK",
-                   d->dispatch == SYMM_DISPATCH_COPY ? "SYMM_DISPATCH_COPY" : "SYMM_DISPATCH_PUSH", d->ce_pieces,
-                   d->align, d->sms);
+                   d->combine_order == SYMM_COMBINE_ORDER_K ? "SYMM_COMBINE_ORDER_K" : "SYMM_COMBINE_ORDER_RANK", d->align,
+                   d->sms);
     expect_in_stub(stub, n, ".capacity = %lld,\n    .worst_capacity = %lld,", (long long)d->capacity,
                    (long long)d->worst_capacity);
     expect_in_stub(stub, n, ".symmetric_bytes = %lluu,\n    .scratch_bytes = %lluu,",

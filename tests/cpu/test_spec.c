@@ -284,42 +284,6 @@ Test(spec, combine_order_k_is_for_layout_expert_only)
     expect_count(1);
 }
 
-/* dispatch "copy" (the peers' rows by the copy engine) is layout rank's,
- * with max_tokens cut into pieces of at most SYMM_CE_PIECE_ROWS rows, at
- * most SYMM_CE_PIECES_MAX of them; layout expert is refused, saying why; the
- * default is "push". */
-Test(spec, dispatch_copy_is_for_layout_rank_only)
-{
-    shape a = random_shape(), b = random_shape(), c = random_shape();
-    const char *path = write_file("spec.lua",
-        "layout { %s, dispatch = \"copy\" }\n"
-        "layout { %s, layout = \"expert\", dispatch = \"copy\" }\n"
-        "layout { %s }\n",
-        fields(&a), fields(&b), fields(&c));
-    cr_assert(load(path) == -1);
-    expect_message("%s:2: variant %s: field dispatch: got \"copy\", expected \"push\" with layout \"expert\" "
-                   "(\"copy\", the peers' rows by the copy engine, is for layout \"rank\", whose rows at a peer "
-                   "are one a token)", path, b.name);
-    expect_count(1);
-    path = write_file("spec.lua", "layout { %s, dispatch = \"copy\" }\nlayout { %s }\n", fields(&a), fields(&c));
-    cr_assert(load(path) == 0, "load failed:\n%s", messages());
-    const sg_variant *v = &spec.variants[0];
-    cr_expect(v->dispatch == SYMM_DISPATCH_COPY, "dispatch %d", (int)v->dispatch);
-    int want = (a.max_tokens + SYMM_CE_PIECE_ROWS - 1) / SYMM_CE_PIECE_ROWS;
-    want = want < SYMM_CE_PIECES_MAX ? want : SYMM_CE_PIECES_MAX;
-    cr_expect(sg_ce_pieces(v) == want, "max_tokens %d: %d pieces, expected %d", a.max_tokens, sg_ce_pieces(v), want);
-    cr_expect(spec.variants[1].dispatch == SYMM_DISPATCH_PUSH && sg_ce_pieces(&spec.variants[1]) == 0,
-              "dispatch defaults to \"push\"");
-    sg_layout l;
-    sg_layout_compute(v, &l);
-    const uint64_t row = (uint64_t)v->hidden * (uint64_t)symm_dtype_size(v->dtype);
-    cr_expect(l.regions[SYMM_REGION_CE_STAGE].bytes == (uint64_t)(v->world - 1) * (uint64_t)v->max_tokens * row &&
-                  l.regions[SYMM_REGION_CE_FLAGS].bytes == (uint64_t)v->world * 128,
-              "the stage and the flags: %llu and %llu bytes",
-              (unsigned long long)l.regions[SYMM_REGION_CE_STAGE].bytes,
-              (unsigned long long)l.regions[SYMM_REGION_CE_FLAGS].bytes);
-}
-
 Test(spec, defaults_are_applied)
 {
     shape a = random_shape(), b = random_shape(), c = random_shape(), d = random_shape(), e = random_shape();
@@ -449,10 +413,10 @@ Test(spec, unknown_field_far_from_all_lists_them)
                                   padding(), fields(&s));
     cr_assert(load(path) == -1);
     expect_message("%s:%d: variant %s: field frobnicate: unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts, dispatch",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts",
                    path, pad_lines + 1, s.name);
     expect_message("%s:%d: variant %s: field \"two words\": unknown field, expected one of name, hidden, topk, "
-                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts, dispatch",
+                   "experts, world, max_tokens, dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts",
                    path, pad_lines + 1, s.name);
     expect_count(2);
 }
@@ -488,10 +452,9 @@ Test(spec, wrong_type_names_value_and_expectation)
         { "combine", "1", "1", "\"push\", \"pull\" or \"auto\"" },
         { "combine", "true", "true", "\"push\", \"pull\" or \"auto\"" },
         { "combine_order", "\"K\"", "\"K\"", "\"rank\" or \"k\"" },
-        { "dispatch", "\"ce\"", "\"ce\"", "\"push\" or \"copy\"" },
     };
     const int n = sizeof cases / sizeof cases[0];
-    shape s[18];
+    shape s[17];
     char text[16384] = "";
     strcat(text, padding());
     for (int i = 0; i < n; i++) {
@@ -1500,7 +1463,7 @@ Test(spec, bad_overrides_are_named)
     expect_message("-D hiden=7: unknown field, did you mean \"hidden\"?");
     expect_message("-D name=x: name cannot be overridden (each variant needs its own)");
     expect_message("-D frob=1: unknown field, expected one of name, hidden, topk, experts, world, max_tokens, "
-                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts, dispatch");
+                   "dtype, combine_dtype, layout, weights, capacity, align, sms, combine, combine_order, hosts");
     expect_message("%s:%d: variant %s: field hidden: got %d, expected a multiple of 8 for bf16 " ROWS_WHY
                    " (from -D hidden=%d) (with -D topk=abc in effect)", path, pad_lines + 1, a.name, bad_hidden,
                    bad_hidden);
@@ -1832,11 +1795,6 @@ static bool pulls_expert_in_world(const sg_variant *v, int w)
     return pulls_in_world(v, w) && v->layout == SYMM_LAYOUT_EXPERT;
 }
 
-static bool copies_in_world(const sg_variant *v, int w)
-{
-    return v->world == w && v->companion_hosts == 0 && v->dispatch == SYMM_DISPATCH_COPY && sg_ce_pieces(v) > 1;
-}
-
 Test(spec, default_spec_covers_the_matrix)
 {
     cr_assert(load("specs/default.lua") == 0, "specs/default.lua:\n%s", messages());
@@ -1852,7 +1810,7 @@ Test(spec, default_spec_covers_the_matrix)
     cr_expect(companions >= 2 && companions <= 6 && of_one_rank >= 1 && of_expert >= 1,
               "%zu companions (%zu of one rank, %zu of layout expert), expected 2..6 with one of each", companions,
               of_one_rank, of_expert);
-    cr_expect(spec.count - companions >= 12 && spec.count - companions <= 32, "%zu variants, expected 12..32",
+    cr_expect(spec.count - companions >= 12 && spec.count - companions <= 30, "%zu variants, expected 12..30",
               spec.count - companions);
     for (int d = SYMM_DTYPE_BF16; d <= SYMM_DTYPE_FP8_E4M3; d++)
         cr_expect(count_if(has_dtype, d) > 0, "no %s variant", sg_dtype_name((symm_dtype)d));
@@ -1870,9 +1828,6 @@ Test(spec, default_spec_covers_the_matrix)
         cr_expect(count_if(pulls_rank_in_world, w) > 0 && count_if(pulls_expert_in_world, w) > 0,
                   "world %d needs a variant with combine = \"pull\" in each layout (rank %d, expert %d)", w,
                   count_if(pulls_rank_in_world, w), count_if(pulls_expert_in_world, w));
-    for (int w = 2; w <= 4; w += 2)
-        cr_expect(count_if(copies_in_world, w) > 0, "world %d needs a variant with dispatch = \"copy\" whose calls "
-                  "copy in more than one piece", w);
     for (int w = 2; w <= 4; w += 2)
         cr_expect(count_if(auto_in_world, w) > 0, "world %d needs a variant with combine = \"auto\" at full "
                   "capacity (tests/gpu/test_variant.c picks it)", w);

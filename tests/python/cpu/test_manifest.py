@@ -53,23 +53,6 @@ def test_combine_mode_is_checked(tmp_path, default_manifest):
         manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
 
 
-def test_copy_variant_has_its_stage_and_the_mode_is_checked(tmp_path, default_manifest):
-    copy = default_manifest.variant("bf16_rank_copy_w2")
-    push = default_manifest.variant("bf16_rank_w2")
-    assert copy.dispatch == "copy" and push.dispatch == "push"
-    assert copy.fields["ce_pieces"] == 2
-    # x whole from each peer (world - 1 of them), a 128-byte slot of flags a source.
-    assert copy.regions["ce_stage"] == (copy.regions["ce_stage"][0], (copy.world - 1) * copy.max_tokens * copy.hidden * 2, True)
-    assert copy.regions["ce_flags"][1:] == (copy.world * 128, True)
-    assert push.regions.get("ce_stage", (0, 0, True))[1] == 0
-    fields = dict(push.fields, dispatch="engine")
-    with pytest.raises(manifest.ManifestError, match="field dispatch: got 'engine', expected push or copy"):
-        manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
-    fields = dict(default_manifest.variant("bf16_expert_w2").fields, dispatch="copy")
-    with pytest.raises(manifest.ManifestError, match="expected push with layout expert"):
-        manifest.load(write(tmp_path, {"format": 2, "variants": [fields]}))
-
-
 def test_capacity_below_worst_case(default_manifest):
     v = default_manifest.variant("bf16_rank_cap_w2")
     assert v.capacity == v.world * v.max_tokens // 2 < v.worst_capacity
