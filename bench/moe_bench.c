@@ -1207,7 +1207,7 @@ enum {
     SP_PUSH_BATCHES,
     SP_SUMS_WARPS, SP_SUMS_LOOP, SP_SUMS_WAIT, SP_SUMS_SUM, SP_SUMS_UNITS, SP_SUMS_TOKENS,
     SP_ROWS_WARPS, SP_ROWS_LOOP, SP_ROWS_LOADS, SP_ROWS_SLOTS, SP_ROWS_DRAIN, SP_ROWS_TOKENS, SP_ROWS_ROWS,
-    SPAN_FIELDS
+    SP_ROWS_IDLE, SPAN_FIELDS
 };
 
 static double per_warp(double sum, uint64_t warps) { return warps ? sum / (double)warps : 0.0; }
@@ -1234,7 +1234,8 @@ static void span_fields(const symm_variant_profile *p, double *f)
                            per_warp((double)su->tokens, su->warps)};
     const double rows[] = {w[3], per_warp(ro->loop_us, ro->warps), per_warp(ro->loads_us, ro->warps),
                            per_warp(ro->slots_us, ro->warps), per_warp(ro->drain_us, ro->warps),
-                           per_warp((double)ro->tokens, ro->warps), per_warp((double)ro->rows, ro->warps)};
+                           per_warp((double)ro->tokens, ro->warps), per_warp((double)ro->rows, ro->warps),
+                           per_warp(ro->idle_us, ro->warps)};
     _Static_assert(sizeof parts / sizeof parts[0] == SP_PUSH_WARPS && sizeof push / sizeof push[0] == SP_SUMS_WARPS -
                    SP_PUSH_WARPS && sizeof sums / sizeof sums[0] == SP_ROWS_WARPS - SP_SUMS_WARPS &&
                    sizeof rows / sizeof rows[0] == SPAN_FIELDS - SP_ROWS_WARPS, "the span fields");
@@ -1308,6 +1309,8 @@ static void print_spans(const bench *b, const row_result *r, int q, const double
     static const char *const rows[] = {"loads", "slots", "drain"};
     static const char *const rows_n[] = {"tokens", "rows"};
     span_line(b, "dispatch warps sending rows", m, SP_ROWS_WARPS, rows, 3, rows_n, 2);
+    if (m[SP_ROWS_WARPS] > 0)
+        say(b, "        then idle %.1f us a warp (its stores complete to its block's last warp's)\n", m[SP_ROWS_IDLE]);
 }
 
 static void profile_calls(bench *b, const pair_ctx *c, const row_result *r)

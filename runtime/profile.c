@@ -61,6 +61,7 @@ static void spans_from_slots(const uint64_t *s, symm_variant_profile *out)
         .drain_us = us(s[SYMM_SPAN_ROWS_DRAIN]),
         .tokens = s[SYMM_SPAN_ROWS_TOKENS],
         .rows = s[SYMM_SPAN_ROWS_ROWS],
+        .idle_us = us(s[SYMM_SPAN_ROWS_IDLE]),
     };
 }
 

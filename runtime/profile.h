@@ -80,6 +80,7 @@ enum {
     SYMM_SPAN_ROWS_DRAIN,
     SYMM_SPAN_ROWS_TOKENS,
     SYMM_SPAN_ROWS_ROWS,
+    SYMM_SPAN_ROWS_IDLE, /* from the warp's stores complete to its block's last warp's */
     SYMM_SPAN_ROWS_END,
 };
 _Static_assert(SYMM_SPAN_PARTS_END <= SYMM_SPAN_PUSH && SYMM_SPAN_PUSH_END <= SYMM_SPAN_SUMS &&

@@ -277,6 +277,7 @@ typedef struct symm_variant_spans_rows {
     double drain_us;   /* the last wait: every store complete */
     uint64_t tokens;   /* tokens sent */
     uint64_t rows;     /* row copies (destinations) */
+    double idle_us;    /* from its stores complete to the last of its block's warps' (not in loop_us) */
 } symm_variant_spans_rows;
 
 /* Where the time of dispatch and combine goes, on a variant created with the

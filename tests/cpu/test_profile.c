@@ -114,7 +114,7 @@ Test(profile, the_hosts_slots_are_the_kernels)
         N(SPAN_SUMS), N(SPAN_SUMS_LOOP), N(SPAN_SUMS_WAIT), N(SPAN_SUMS_PARTS_WAIT), N(SPAN_SUMS_SUM),
         N(SPAN_SUMS_UNITS), N(SPAN_SUMS_TOKENS), N(SPAN_SUMS_END),
         N(SPAN_ROWS), N(SPAN_ROWS_LOOP), N(SPAN_ROWS_LOADS), N(SPAN_ROWS_SLOTS), N(SPAN_ROWS_DRAIN),
-        N(SPAN_ROWS_TOKENS), N(SPAN_ROWS_ROWS), N(SPAN_ROWS_END),
+        N(SPAN_ROWS_TOKENS), N(SPAN_ROWS_ROWS), N(SPAN_ROWS_IDLE), N(SPAN_ROWS_END),
     };
     expect_same(text, "SpanSlot", spans, sizeof spans / sizeof spans[0]);
     cr_assert_eq(constant(text, "constexpr int PROFILE_SLOTS = "), SYMM_PROFILE_SLOTS);
@@ -193,6 +193,7 @@ Test(profile, level_2_spans_come_from_their_slots)
         {p.push.publish_us, SYMM_SPAN_PUSH_PUBLISH}, {p.sums.loop_us, SYMM_SPAN_SUMS_LOOP},
         {p.rows.loop_us, SYMM_SPAN_ROWS_LOOP},       {p.rows.loads_us, SYMM_SPAN_ROWS_LOADS},
         {p.rows.slots_us, SYMM_SPAN_ROWS_SLOTS},     {p.rows.drain_us, SYMM_SPAN_ROWS_DRAIN},
+        {p.rows.idle_us, SYMM_SPAN_ROWS_IDLE},
     };
     for (size_t i = 0; i < sizeof times / sizeof times[0]; i++)
         cr_assert_float_eq(times[i].got, us_of(s, times[i].slot), 1e-9, "field %zu: %f us, slot %d holds %llu ns", i,
