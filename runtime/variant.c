@@ -173,11 +173,12 @@ static symm_status parse_tune(const symm_variant_options *opts, symm_tune *tune)
     return symm_tune_parse(getenv("SYMM_TUNE"), "SYMM_TUNE", tune);
 }
 
-/* Bytes of the local scratch: the descriptor's, and with PROFILE=2 the
- * profile's spans after them (profile.h). */
+/* Bytes of the local scratch: the descriptor's, the profile's spans after
+ * them (profile.h; written only with PROFILE=2), then layout rank's words of
+ * dispatch's tuning STEAL (symm_steal_bytes). */
 static uint64_t scratch_bytes(const symm_variant *v)
 {
-    return v->desc->scratch_bytes + (v->profile >= 2 ? SYMM_PROFILE_SPANS_BYTES : 0);
+    return v->desc->scratch_bytes + SYMM_PROFILE_SPANS_BYTES + symm_steal_bytes(v->desc);
 }
 
 /* Where the spans lie (PROFILE=2): right after the descriptor's scratch. */
