@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1},
+    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 2},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
