@@ -45,7 +45,8 @@ _Static_assert(SYMM_PROF_USED <= SYMM_PROFILE_SLOTS, "profile slots");
 
 /* Layout rank's dispatch with the tuning STEAL (templates/cu/dispatch.cu.in)
  * keeps, after the spans: a claim word (u64) per (block, warp), a ready word
- * (u64) per block and a row per (block, warp, rank) (int32); 16 warps a
+ * and a count word (u64 each) per block and a row per (block, warp, rank)
+ * (int32); 16 warps a
  * block. The template's STEAL_OFF .. STEAL_BYTES, checked by test_profile. */
 #define SYMM_STEAL_WARPS 16
 static inline uint64_t symm_steal_bytes(const symm_variant_desc *d)
@@ -53,7 +54,7 @@ static inline uint64_t symm_steal_bytes(const symm_variant_desc *d)
     if (d->layout != SYMM_LAYOUT_RANK)
         return 0;
     const uint64_t runs = (uint64_t)d->sms * SYMM_STEAL_WARPS;
-    return runs * 8 + (uint64_t)d->sms * 8 + runs * (uint64_t)d->world * 4;
+    return runs * 8 + (uint64_t)d->sms * 16 + runs * (uint64_t)d->world * 4;
 }
 enum {
     SYMM_SPAN_PARTS = 0, /* warps */

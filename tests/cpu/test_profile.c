@@ -124,8 +124,8 @@ Test(profile, the_hosts_slots_are_the_kernels)
     /* The spans right after the scratch's regions, where the runtime adds them. */
     cr_assert(strstr(text, "constexpr u64 PROFILE_SPANS_OFF = SCRATCH_BYTES;"), "the spans' place");
     /* STEAL's words after the spans, as runtime/profile.h sizes them
-     * (symm_steal_bytes): 16 warps a block, a claim each, a ready word a
-     * block, a row a (warp, rank); none for layout expert. */
+     * (symm_steal_bytes): 16 warps a block, a claim each, a ready word and
+     * a count word a block, a row a (warp, rank); none for layout expert. */
     char *variant = test_slurp("templates/variant.cu.in", NULL);
     cr_assert(strstr(variant, "constexpr int COPY_THREADS = 512;"), "16 warps a block (SYMM_STEAL_WARPS)");
     free(variant);
@@ -133,7 +133,7 @@ Test(profile, the_hosts_slots_are_the_kernels)
     cr_assert(strstr(text, "constexpr u64 STEAL_OFF = SCRATCH_BYTES + PROFILE_SPAN_SLOTS * 8;"), "STEAL's place");
     cr_assert(strstr(text, "constexpr int STEAL_RUNS = LAYOUT_EXPERT ? 0 : SMS * COPY_WARPS;"), "STEAL's runs");
     cr_assert(strstr(text, "constexpr u64 STEAL_READY_OFF = STEAL_OFF + u64(STEAL_RUNS) * 8;"), "the claims");
-    cr_assert(strstr(text, "constexpr u64 STEAL_ENDS_OFF = STEAL_READY_OFF + u64(LAYOUT_EXPERT ? 0 : SMS) * 8;"),
+    cr_assert(strstr(text, "constexpr u64 STEAL_ENDS_OFF = STEAL_READY_OFF + u64(LAYOUT_EXPERT ? 0 : SMS) * 16;"),
               "the ready words");
     cr_assert(strstr(text, "constexpr u64 STEAL_BYTES = STEAL_ENDS_OFF + u64(STEAL_RUNS) * WORLD * 4 - STEAL_OFF;"),
               "the ends");
@@ -141,7 +141,7 @@ Test(profile, the_hosts_slots_are_the_kernels)
     d.layout = SYMM_LAYOUT_RANK;
     d.sms = 24;
     d.world = 4;
-    cr_assert_eq(symm_steal_bytes(&d), 24 * 16 * 8 + 24 * 8 + 24 * 16 * 4 * 4);
+    cr_assert_eq(symm_steal_bytes(&d), 24 * 16 * 8 + 24 * 16 + 24 * 16 * 4 * 4);
     d.layout = SYMM_LAYOUT_EXPERT;
     cr_assert_eq(symm_steal_bytes(&d), 0);
     free(text);
