@@ -44,7 +44,7 @@ static const struct knob {
     {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 4) */
     {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 1) */
     {"COUNT16", 0, 1},      /* dispatch, layout expert below max_tokens 65536: 1: 4-byte count words (default 1) */
-    {"STEAL", 0, 4},        /* dispatch, layout rank: 1: a warp done with its tokens takes others from the runs' backs (2: from the run with the most left; 3: the first with any, scanned 32 runs a round; 4: the first block with tokens left, a count a block) */
+    {"STEAL", 0, 1},        /* dispatch, layout rank at prefill: 1: a warp done with its tokens takes others from the runs' backs (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 4},
+    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -634,19 +634,15 @@ Test(tune, the_base_loads_knob_changes_the_wait_for_the_counts, .init = gen_setu
     check_knob_values("bf16_rank_w2", "BASE_LOADS", 4, 16, NULL, 0, true);
 }
 
-/* STEAL (default 0) compiles to the default's code at 0; at 1 to 4 it
- * changes layout rank's dispatch, at worlds 2 and 4 and with fp8 rows, and
- * never layout expert's code. */
+/* STEAL (default 1) compiles to the default's code at 1; at 0 it changes
+ * layout rank's dispatch, at worlds 2 and 4 and with fp8 rows, and never
+ * layout expert's code. */
 Test(tune, the_steal_knob_changes_only_layout_rank, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_rank_w2", "STEAL", 0, NULL, 0, true);
-    check_knob_values("bf16_rank_w2", "STEAL", 0, 2, NULL, 0, true);
-    check_knob_values("bf16_rank_w2", "STEAL", 0, 3, NULL, 0, true);
-    check_knob_values("bf16_rank_w4", "STEAL", 0, 4, NULL, 0, true);
-    check_knob_values("bf16_expert_w2", "STEAL", 0, 3, NULL, 0, false);
-    check_knob_case("bf16_rank_w4", "STEAL", 0, NULL, 0, true);
-    check_knob_case("fp8_rank_w2", "STEAL", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "STEAL", 0, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "STEAL", 1, NULL, 0, true);
+    check_knob_case("bf16_rank_w4", "STEAL", 1, NULL, 0, true);
+    check_knob_case("fp8_rank_w2", "STEAL", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "STEAL", 1, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
