@@ -21,8 +21,9 @@ typedef struct device_state {
     uint64_t err_seq;
     int32_t own_first, own_end;
     uint64_t pulls;
+    int32_t push_next, pad;
 } device_state;
-_Static_assert(sizeof(device_state) == 72, "device_state mirrors State in variant.cu.in");
+_Static_assert(sizeof(device_state) == 80, "device_state mirrors State in variant.cu.in");
 
 /* State.err_code: the sticky device error. */
 enum {

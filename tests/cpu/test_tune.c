@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1},
+    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -643,6 +643,16 @@ Test(tune, the_steal_knob_changes_only_layout_rank, .init = gen_setup, .fini = g
     check_knob_case("bf16_rank_w4", "STEAL", 1, NULL, 0, true);
     check_knob_case("fp8_rank_w2", "STEAL", 1, NULL, 0, true);
     check_knob_case("bf16_expert_w2", "STEAL", 1, NULL, 0, false);
+}
+
+/* PUSH_DEAL (default 0) compiles to the default's code at 0; at 1 it
+ * changes layout rank's pushing combine, at worlds 2 and 4, and never layout
+ * expert's code. */
+Test(tune, the_push_deal_knob_changes_only_layout_rank, .init = gen_setup, .fini = gen_teardown)
+{
+    check_knob_case("bf16_rank_w2", "PUSH_DEAL", 0, NULL, 0, true);
+    check_knob_case("bf16_rank_w4", "PUSH_DEAL", 0, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "PUSH_DEAL", 0, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
