@@ -45,7 +45,7 @@ static const struct knob {
     {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 1) */
     {"COUNT16", 0, 1},      /* dispatch, layout expert below max_tokens 65536: 1: 4-byte count words (default 1) */
     {"STEAL", 0, 1},        /* dispatch, layout rank at prefill: 1: a warp done with its tokens takes others from the runs' backs (default 1) */
-    {"PUSH_DEAL", 0, 1},    /* combine, layout rank pushing: 1: a push warp's batches after its first from a counter (default 0) */
+    {"PUSH_DEAL", 0, 1},    /* combine, layout rank pushing: 1: a push warp's batches after its first from a counter (default 1) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 

@@ -645,14 +645,14 @@ Test(tune, the_steal_knob_changes_only_layout_rank, .init = gen_setup, .fini = g
     check_knob_case("bf16_expert_w2", "STEAL", 1, NULL, 0, false);
 }
 
-/* PUSH_DEAL (default 0) compiles to the default's code at 0; at 1 it
+/* PUSH_DEAL (default 1) compiles to the default's code at 1; at 0 it
  * changes layout rank's pushing combine, at worlds 2 and 4, and never layout
  * expert's code. */
 Test(tune, the_push_deal_knob_changes_only_layout_rank, .init = gen_setup, .fini = gen_teardown)
 {
-    check_knob_case("bf16_rank_w2", "PUSH_DEAL", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_w4", "PUSH_DEAL", 0, NULL, 0, true);
-    check_knob_case("bf16_expert_w2", "PUSH_DEAL", 0, NULL, 0, false);
+    check_knob_case("bf16_rank_w2", "PUSH_DEAL", 1, NULL, 0, true);
+    check_knob_case("bf16_rank_w4", "PUSH_DEAL", 1, NULL, 0, true);
+    check_knob_case("bf16_expert_w2", "PUSH_DEAL", 1, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
