@@ -46,8 +46,8 @@ _Static_assert(SYMM_PROF_USED <= SYMM_PROFILE_SLOTS, "profile slots");
 /* Layout rank's dispatch with the tuning STEAL (templates/cu/dispatch.cu.in)
  * keeps, after the spans: a claim word (u64) per (block, warp), a ready word
  * and a count word (u64 each) per block and a row per (block, warp, rank)
- * (int32); 16 warps a
- * block. The template's STEAL_OFF .. STEAL_BYTES, checked by test_profile. */
+ * (int32); 16 warps a block. The template's STEAL_OFF .. STEAL_BYTES,
+ * checked by test_profile. */
 #define SYMM_STEAL_WARPS 16
 static inline uint64_t symm_steal_bytes(const symm_variant_desc *d)
 {
