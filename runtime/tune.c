@@ -46,8 +46,10 @@ static const struct knob {
     {"COUNT16", 0, 1},      /* dispatch, layout expert below max_tokens 65536: 1: 4-byte count words (default 1) */
     {"STEAL", 0, 1},        /* dispatch, layout rank at prefill: 1: a warp done with its tokens takes others from the runs' backs (default 1) */
     {"PUSH_DEAL", 0, 1},    /* combine, layout rank pushing: 1: a push warp's batches after its first from a counter (default 1) */
+    {"SUM_EARLY", 0, 2},    /* combine, layout rank pushing: a one-token unit's sources found (2), and its own row asked of L2 (1), before its wait (default 0) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
+_Static_assert(SYMM_ARRAY_LEN(knobs) <= 64, "symm_tune_parse: a bit a knob in `seen`");
 
 static symm_status bad(symm_tune *out, const char *origin, const char *item, size_t len, const char *why)
 {
@@ -71,7 +73,7 @@ symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out
     out->pdl = true;
     if (!text)
         return SYMM_OK;
-    unsigned seen = 0;
+    unsigned long long seen = 0; /* a bit a knob */
     const char *p = text;
     for (;;) {
         while (*p == ',' || isspace((unsigned char)*p))
@@ -92,9 +94,9 @@ symm_status symm_tune_parse(const char *text, const char *origin, symm_tune *out
             k++;
         if (k == SYMM_ARRAY_LEN(knobs))
             return bad(out, origin, item, len, "unknown knob");
-        if (seen & (1u << k))
+        if (seen & (1ull << k))
             return bad(out, origin, item, len, "knob given twice");
-        seen |= 1u << k;
+        seen |= 1ull << k;
         char digits[24];
         const size_t vlen = len - name_len - 1;
         if (vlen == 0 || vlen >= sizeof digits)

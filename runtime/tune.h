@@ -18,7 +18,7 @@
 
 #include "symm_status.h"
 
-#define SYMM_TUNE_MAX_ITEMS 32
+#define SYMM_TUNE_MAX_ITEMS 40
 #define SYMM_TUNE_OPTION_LEN 48
 
 typedef struct symm_tune {
