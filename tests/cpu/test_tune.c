@@ -42,7 +42,7 @@ static const struct {
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
     {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
-    {"SUM_EARLY", 0, 2},
+    {"SUM_EARLY", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -656,16 +656,18 @@ Test(tune, the_push_deal_knob_changes_only_layout_rank, .init = gen_setup, .fini
     check_knob_case("bf16_expert_w2", "PUSH_DEAL", 1, NULL, 0, false);
 }
 
-/* SUM_EARLY (default 0) compiles to the default's code at 0; at 1 it
- * changes layout rank's pushing combine, at worlds 2 and 4, and never
- * layout expert's code or the pulling combine's. */
+/* SUM_EARLY (default 1 where it applies) compiles to the default's code at
+ * 1; at 0 it changes layout rank's pushing combine at max_tokens 512 or
+ * less, at worlds 2 and 4, and never layout rank's at prefill (SUM_LEAN),
+ * layout expert's or the pulling combine's. */
 Test(tune, the_sum_early_knob_changes_only_layout_rank_s_pushing_sums, .init = gen_setup_bench, .fini = gen_teardown)
 {
-    check_knob_case("bf16_rank_w2", "SUM_EARLY", 0, NULL, 1, true);
-    check_knob_case("bf16_rank_w4", "SUM_EARLY", 0, NULL, 1, true);
-    check_knob_case("bench/bench_dsv3_decode", "SUM_EARLY", 0, NULL, 1, true);
-    check_knob_case("bf16_expert_w2", "SUM_EARLY", 0, NULL, 1, false);
-    check_knob_case("bench/bench_dsv3_decode_pull", "SUM_EARLY", 0, NULL, 1, false);
+    check_knob_case("bf16_rank_w2", "SUM_EARLY", 1, NULL, 0, true);
+    check_knob_case("bf16_rank_w4", "SUM_EARLY", 1, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_decode", "SUM_EARLY", 1, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_prefill", "SUM_EARLY", 1, NULL, 0, false);
+    check_knob_case("bf16_expert_w2", "SUM_EARLY", 1, NULL, 0, false);
+    check_knob_case("bench/bench_dsv3_decode_pull", "SUM_EARLY", 1, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
