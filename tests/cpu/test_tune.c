@@ -42,7 +42,7 @@ static const struct {
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
     {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
-    {"SUM_EARLY", 0, 1}, {"SUM_ASYNC", 0, 1},
+    {"SUM_EARLY", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -668,21 +668,6 @@ Test(tune, the_sum_early_knob_changes_only_layout_rank_s_pushing_sums, .init = g
     check_knob_case("bench/bench_dsv3_prefill", "SUM_EARLY", 1, NULL, 0, false);
     check_knob_case("bf16_expert_w2", "SUM_EARLY", 1, NULL, 0, false);
     check_knob_case("bench/bench_dsv3_decode_pull", "SUM_EARLY", 1, NULL, 0, false);
-}
-
-/* SUM_ASYNC (default 0) changes layout expert's pushing sums by rank where
- * the push warps form the parts (PUSH_PARTIALS: max_tokens above 512), and
- * never layout expert at decode (PARTIAL_GRID), its ascending-k order, its
- * pulling combine or layout rank. */
-Test(tune, the_sum_async_knob_changes_only_layout_expert_s_pushing_sums_at_prefill, .init = gen_setup_bench,
-     .fini = gen_teardown)
-{
-    check_knob_case("bench/bench_dsv3_prefill_expert", "SUM_ASYNC", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_prefill_expert_fp8", "SUM_ASYNC", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode_expert", "SUM_ASYNC", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert_k", "SUM_ASYNC", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert_pull", "SUM_ASYNC", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill", "SUM_ASYNC", 0, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
