@@ -194,7 +194,7 @@ run: deps
 	@scripts/selfcheck.sh $(BUILD)
 
 test: test-deps
-	@$(MAKE) --no-print-directory all $(CPU_TESTS)
+	@$(MAKE) --no-print-directory all $(CPU_TESTS) $(BUILD)/bench/moe_bench
 	@SYMM_BUILD_DIR=$(abspath $(BUILD)) SYMM_FUZZ_SECONDS=$(FUZZ_SECONDS) SYMM_TEST_QUICK=$(QUICK) \
 	 scripts/run-tests.sh $(CPU_TESTS); rc=$$?; \
 	 SYMM_BUILD_DIR=$(BUILD) SYMM_SANFLAGS="$(SANFLAGS)" scripts/test-install.sh && exit $$rc

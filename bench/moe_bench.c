@@ -126,7 +126,7 @@ static int calls_for(int tokens) { return tokens <= SMALL_T ? SMALL_T_CALLS : 1;
 /* ---- options ------------------------------------------------------------ */
 
 typedef struct options {
-    const char *manifest, *csv, *markdown, *groups;
+    const char *manifest, *csv, *markdown, *groups, *rows;
     int reps, warmup;
     uint64_t seed;
     int profile; /* the tuning knob PROFILE: 0 (none), 1 (phases), 2 (and spans) */
@@ -155,6 +155,8 @@ static void usage(FILE *f)
             "                   f.8, f.16 and g with a combine that pulls the peers' rows (combine =\n"
             "                   \"pull\"), u a and b with combine = \"auto\": y in the variant's region\n"
             "                   y (it pulls) and, rows u.*.push, outside it (it pushes)\n"
+            "  --rows LIST      only these rows, ids separated by commas (e.g. g.prefill,b; --plan\n"
+            "                   lists them); with --groups, the rows both select\n"
             "  --reps N         timed repetitions per measurement (default %d, at least %d for\n"
             "                   numbers worth reporting)\n"
             "  --warmup N       untimed repetitions before them (default 5)\n"
@@ -207,6 +209,39 @@ static int bad_usage(const char *fmt, const char *arg)
     return 2;
 }
 
+/* Does the comma-separated list ids hold the row id? */
+static bool list_has(const char *ids, const char *id)
+{
+    const size_t n = strlen(id);
+    for (const char *p = ids; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, id, n))
+            return true;
+        p += len + (end != NULL);
+    }
+    return false;
+}
+
+/* The first entry of the comma-separated list ids that names no row of the
+ * matrix, its length in *len (0: an empty entry); NULL when every entry
+ * names one. */
+static const char *unknown_row(const char *ids, size_t *len)
+{
+    for (const char *p = ids;;) {
+        const char *end = strchr(p, ',');
+        *len = end ? (size_t)(end - p) : strlen(p);
+        bool found = false;
+        for (int i = 0; i < N_ROWS && !found; i++)
+            found = strlen(matrix[i].id) == *len && !strncmp(matrix[i].id, p, *len);
+        if (!found)
+            return p;
+        if (!end)
+            return NULL;
+        p = end + 1;
+    }
+}
+
 /* 0: run; 1: help printed; 2: usage error (message printed). */
 static int parse_options(int argc, char **argv, options *o)
 {
@@ -214,7 +249,8 @@ static int parse_options(int argc, char **argv, options *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = !strcmp(a, "--manifest") || !strcmp(a, "--csv") || !strcmp(a, "--markdown") ||
-                     !strcmp(a, "--groups") || !strcmp(a, "--reps") || !strcmp(a, "--warmup") ||
+                     !strcmp(a, "--groups") || !strcmp(a, "--rows") || !strcmp(a, "--reps") ||
+                     !strcmp(a, "--warmup") ||
                      !strcmp(a, "--seed");
         if (takes && !next)
             return bad_usage("%s needs a value", a);
@@ -233,6 +269,20 @@ static int parse_options(int argc, char **argv, options *o)
                 if (*g != ',' && (*g < 'a' || *g > 'i') && *g != 'p' && *g != 'u')
                     return bad_usage("--groups \"%s\": expected letters a..i, p and u separated by commas",
                                      o->groups);
+        } else if (!strcmp(a, "--rows")) {
+            o->rows = argv[++i];
+            size_t len;
+            const char *bad = unknown_row(o->rows, &len);
+            if (bad) {
+                char what[128];
+                if (len)
+                    snprintf(what, sizeof what, "\"%.*s\" is no row", (int)(len < 80 ? len : 80), bad);
+                else
+                    snprintf(what, sizeof what, "\"%.80s\" has an empty entry", o->rows);
+                return bad_usage("--rows: %s; expected row ids of the matrix separated by commas, e.g. "
+                                 "g.prefill,b (moe_bench --manifest M --plan lists them)",
+                                 what);
+            }
         } else if (!strcmp(a, "--reps")) {
             if (!parse_int(argv[++i], 1, 100000, &o->reps))
                 return bad_usage("--reps \"%s\": expected an integer 1..100000", argv[i]);
@@ -274,7 +324,7 @@ static int parse_options(int argc, char **argv, options *o)
 
 static bool row_selected(const options *o, const row_spec *r)
 {
-    return !o->groups || strchr(o->groups, r->id[0]) != NULL;
+    return (!o->groups || strchr(o->groups, r->id[0]) != NULL) && (!o->rows || list_has(o->rows, r->id));
 }
 
 /* ---- routings (random numbers: tests/support/moe_inputs.h) -------------- */
@@ -2060,7 +2110,8 @@ static int make_plans(bench *b, symm_manifest *m, variant_plan *plans)
         b->rows[i] = (row_result){.spec = s, .desc = d, .calls = calls_for(s->tokens)};
     }
     if (n == 0)
-        fprintf(stderr, "moe_bench: --groups %s selects no row\n", b->o->groups);
+        fprintf(stderr, "moe_bench: --groups %s and --rows %s select no row together\n",
+                b->o->groups ? b->o->groups : "(all)", b->o->rows ? b->o->rows : "(all)");
     return n ? n : -1;
 }
 

@@ -25,6 +25,7 @@ typedef struct jit_env {
     char message[512];
     bool cache_enabled;      /* SYMM_JIT_CACHE */
     bool dump;               /* SYMM_JIT_DUMP */
+    bool lineinfo;           /* SYMM_JIT_LINEINFO */
     char cache_dir[PATH_MAX]; /* the default cache directory; "" when none */
     char no_cache_dir[256];  /* why there is none */
     char include_opt[PATH_MAX + 3]; /* "-I<cuda>/include"; "" when absent */
@@ -104,6 +105,7 @@ static void read_env(void)
     env.status = SYMM_OK;
     env.cache_enabled = env_flag("SYMM_JIT_CACHE", true);
     env.dump = env_flag("SYMM_JIT_DUMP", false);
+    env.lineinfo = env_flag("SYMM_JIT_LINEINFO", false);
     env_cache_dir();
     env_include();
 }
@@ -237,7 +239,7 @@ static symm_status check_request(const symm_jit_request *req)
 static symm_status build_options(jit_job *job)
 {
     const symm_jit_request *req = job->req;
-    job->options = malloc((5 + req->option_count) * sizeof *job->options);
+    job->options = malloc((6 + req->option_count) * sizeof *job->options);
     if (!job->options)
         return symm_fail(SYMM_ERR_NOMEM, "symm_jit_compile: out of memory");
     snprintf(job->arch_opt, sizeof job->arch_opt, "--gpu-architecture=%s", req->arch);
@@ -253,6 +255,12 @@ static symm_status build_options(jit_job *job)
         job->options[n++] = "-split-compile=0";
     if (job->env->include_opt[0])
         job->options[n++] = job->env->include_opt;
+    /* A line table (no other change to the machine code), for profilers
+     * that map their samples to the source: Nsight Compute's source view
+     * of a variant's kernels (scripts/device-run.sh's ncu step). The option
+     * is part of the cache key like every other. */
+    if (job->env->lineinfo)
+        job->options[n++] = "-lineinfo";
     for (size_t i = 0; i < req->option_count; i++)
         job->options[n++] = req->options[i];
     job->option_count = n;

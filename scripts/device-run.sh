@@ -77,7 +77,13 @@
 #        installed copy, scripts/test-python-gpu.sh; the example
 #        examples/torch_moe), torch (bench/torch_bench.py: the eager
 #        Python call over the C call, a captured graph, all_to_all_single;
-#        the table lands in $OUT/torch_bench.md)
+#        the table lands in $OUT/torch_bench.md), ncu (Nsight Compute's PC
+#        sampling of rank 0's kernels NCU_KERNELS (default "combine
+#        dispatch") in moe_bench rows NCU_ROWS (default g.prefill,g.decode,b)
+#        at the host's world, the peers at speed (scripts/ncu-rank.sh), the
+#        kernels compiled with SYMM_JIT_LINEINFO=1: each report's details and
+#        its source page by SASS instruction and by line of the generated
+#        source, in $OUT's ncu.tgz; NCU_ARGS, optional, goes to moe_bench)
 #        (profile, inline, tune and dedup: on 2 GPUs;
 #        dedup times rows g with DEDUP on and off, with layout rank's
 #        push warps (bench/NOTES.md 37) and with its staging buffers
@@ -517,6 +523,33 @@ for s in "$@"; do
             echo quit | nvidia-cuda-mps-control
             unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
         fi ;;
+    ncu) # rank 0 under Nsight Compute (scripts/ncu-rank.sh), one row and kernel a run; the reports' pages as text
+        bench_at_world
+        pm=$bench_dir/manifest.json
+        ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        # The reports (binary, large) stay out of $out, which logs.tgz packs; their pages as text go in ncu.tgz.
+        reps=$(mktemp -d /tmp/symm-ncu.XXXXXX)
+        for row in ${NCU_ROWS:-g.prefill g.decode b}; do
+            row=${row//,/ }
+            for r in $row; do
+                # A sample every 2^(5+N) cycles: prefill's kernels run about 15 times as long as decode's.
+                case $r in *prefill* | a | d | f.* | i.a | p.a | u.a*) iv=3 ;; *) iv=0 ;; esac
+                for k in ${NCU_KERNELS:-combine dispatch}; do
+                    rep=$reps/$r-$k
+                    # shellcheck disable=SC2086 # NCU_ARGS: words
+                    step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 \
+                        NCU_REPORT="$rep" NCU_KERNEL="symm_$k" NCU_INTERVAL="${NCU_INTERVAL:-$iv}" NCU_SOURCES="$bench_dir" \
+                        $run -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench" --manifest "$pm" \
+                        --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
+                    if [ -f "$rep.ncu-rep" ] && [ -x "$ncu_bin" ]; then
+                        "$ncu_bin" -i "$rep.ncu-rep" --page details --print-details all > "$rep-details.txt" 2>&1
+                        "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1
+                        "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source cuda > "$rep-cuda.csv" 2>&1
+                    fi
+                done
+            done
+        done
+        tar -C "$reps" -czf "$final/ncu.tgz" --exclude='*.ncu-rep' . && rm -rf "$reps" ;;
     probe) # bench/link_probe; PROBE_ARGS (optional) replaces its arguments, e.g. "--sms 24 --kernels load,tld"
         # shellcheck disable=SC2086 # PROBE_ARGS: words
         step link_probe 300 $run -n "$ngpu" --gpus "$gpus" -- "$build/bench/link_probe" \
@@ -524,7 +557,7 @@ for s in "$@"; do
     rtbench) for n in 2 4; do
             step rtbench-n$n 180 $run -n $n --gpus "$gpus" -- "$build/bench/runtime_bench" --cu out/default/bf16_rank_w2.cu
         done ;;
-    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, nccl-specs, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, spans, inline, tune, dedup, proxy, probe, python, torch)"; exit 2 ;;
+    *) echo "device-run: unknown step $s (expected runtime, partials, grid, grid-time, check-quick, check, companions, hosts, models, nccl, nccl-specs, world4, worlds, world8, test-gpu, rtbench, sanitize, sanitize-w4, auto, variant, selfcheck, example, bench, profile, spans, inline, tune, dedup, proxy, probe, python, torch, ncu)"; exit 2 ;;
     esac
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.log"

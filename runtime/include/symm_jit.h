@@ -47,6 +47,9 @@
  *                    A cache hit runs no NVRTC, so it has no PTX or log: add
  *                    SYMM_JIT_CACHE=0 to get them. A dump that cannot be
  *                    written is a warning.
+ *   SYMM_JIT_LINEINFO 0 (default); 1: compile with -lineinfo (a line table
+ *                    for profilers; the machine code is the same). The option
+ *                    is in the cache key: such entries are kept apart.
  *   CUDA_HOME        where NVRTC and the CUDA headers are looked for (default
  *                    /usr/local/cuda).
  * Values other than the ones listed are an error (SYMM_ERR_INVALID_ARG)

@@ -39,6 +39,7 @@ static void setup(void)
     unsetenv("SYMM_CACHE_DIR");
     unsetenv("SYMM_JIT_CACHE");
     unsetenv("SYMM_JIT_DUMP");
+    unsetenv("SYMM_JIT_LINEINFO");
     strcpy(cache_dir, "/tmp/symm-test-jit-XXXXXX");
     cr_assert(mkdtemp(cache_dir), "mkdtemp: %s", strerror(errno));
 }
@@ -905,6 +906,11 @@ Test(jit, env_dump_with_unknown_value_lists_accepted_values)
     expect_env_error("SYMM_JIT_DUMP", "true", "\"true\": expected 0 or 1");
 }
 
+Test(jit, env_lineinfo_with_unknown_value_lists_accepted_values)
+{
+    expect_env_error("SYMM_JIT_LINEINFO", "on", "\"on\": expected 0 or 1");
+}
+
 Test(jit, env_empty_cache_dir_is_an_error_pointing_at_symm_jit_cache)
 {
     expect_env_error("SYMM_CACHE_DIR", "", "SYMM_JIT_CACHE=0");
@@ -992,6 +998,13 @@ static void *dump_file(const char *key_path, const char *ext, size_t *size)
     return test_slurp(path, size);
 }
 
+/* Does the cubin hold the string needle, with its NUL (a section's or a
+ * symbol's name)? */
+static bool has_bytes(const void *hay, size_t n, const char *needle)
+{
+    return memmem(hay, n, needle, strlen(needle) + 1) != NULL;
+}
+
 Test(jit, env_dump_writes_source_options_cubin_ptx_and_log)
 {
     setenv("SYMM_JIT_DUMP", "1", 1);
@@ -1006,6 +1019,7 @@ Test(jit, env_dump_writes_source_options_cubin_ptx_and_log)
     free(text);
     uint8_t *elf = dump_file(res.cache_path, "elf", &n);
     cr_assert(n == res.cubin_size && !memcmp(elf, res.cubin, n), "dumped cubin differs");
+    cr_assert(!has_bytes(elf, n, ".debug_line"), "a line table without SYMM_JIT_LINEINFO");
     free(elf);
     text = dump_file(res.cache_path, "options", &n);
     text = realloc(text, n + 1);
@@ -1020,6 +1034,27 @@ Test(jit, env_dump_writes_source_options_cubin_ptx_and_log)
     free(text);
     free(dump_file(res.cache_path, "log", &n));
     cr_assert_eq(count_files(cache_dir), 6, "entry + cu, options, elf, ptx, log");
+    symm_jit_result_free(&res);
+    free(src);
+}
+
+/* SYMM_JIT_LINEINFO=1 compiles with -lineinfo: the option is in the dump
+ * (so in the cache key), and the cubin carries a line table, which the
+ * plain compile of env_dump_writes_source_options_cubin_ptx_and_log does
+ * not. */
+Test(jit, env_lineinfo_adds_a_line_table)
+{
+    setenv("SYMM_JIT_LINEINFO", "1", 1);
+    setenv("SYMM_JIT_DUMP", "1", 1);
+    char *src = kernel_source((uint32_t)rnd());
+    symm_jit_request req = request(src, cache_dir);
+    symm_jit_result res;
+    compile_ok(&req, &res);
+    size_t n;
+    char *text = dump_file(res.cache_path, "options", &n);
+    cr_assert(memmem(text, n, "\n-lineinfo\n", 11), "options dump \"%.*s\" lacks -lineinfo", (int)n, text);
+    free(text);
+    cr_assert(has_bytes(res.cubin, res.cubin_size, ".debug_line"), "no line table in the cubin");
     symm_jit_result_free(&res);
     free(src);
 }
@@ -1083,11 +1118,6 @@ Test(jit, load_rejects_what_is_not_a_cubin_before_any_driver_call)
 }
 
 /* --- compiling parts at once ------------------------------------------------ */
-
-static bool has_bytes(const void *hay, size_t n, const char *needle)
-{
-    return memmem(hay, n, needle, strlen(needle) + 1) != NULL;
-}
 
 /* Parts 1 and 2 of one source, each with -DSYMM_PART=<i>: each cubin holds
  * its part's kernel only, both are cached, and a second call hits twice. */

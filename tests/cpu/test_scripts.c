@@ -416,6 +416,121 @@ Test(device_run, ab_runs_both_sides_at_the_host_s_world)
     wf_rmtree(dir);
 }
 
+/* The ncu step: for every row of NCU_ROWS and kernel of NCU_KERNELS, one
+ * moe_bench run of that row alone through scripts/ncu-rank.sh, a rank per
+ * GPU, the kernels compiled with a line table, prefill's rows sampled less
+ * often than decode's; the pages of the reports come back in ncu.tgz. On a
+ * fake machine whose symmrun prints what it was given and the settings. */
+Test(device_run, ncu_profiles_rank_0_a_row_and_kernel_at_a_time)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[1024], out[16384];
+    fake_machine(dir, 2,
+                 "echo symmrun \"$*\" kernel=$NCU_KERNEL interval=$NCU_INTERVAL lineinfo=$SYMM_JIT_LINEINFO "
+                 "sources=$NCU_SOURCES");
+    snprintf(command, sizeof command,
+             "d=%s; env PATH=$d/path:$PATH OUT=$d/out NCU_ROWS=g.prefill,b NCU_KERNELS='combine dispatch' "
+             "scripts/device-run.sh $d/build ncu && cd $d/out && test -f ncu.tgz && tar xzf logs.tgz && "
+             "cat ncu-g.prefill-combine.log ncu-g.prefill-dispatch.log ncu-b-combine.log ncu-b-dispatch.log",
+             dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    char ranks[64];
+    symmrun_ranks(ranks, sizeof ranks, 2);
+    const char *wants[] = {ranks,
+                           "-- scripts/ncu-rank.sh ",
+                           "bench/moe_bench --manifest out/bench/manifest.json --rows g.prefill --no-nccl",
+                           "--rows b --no-nccl",
+                           "kernel=symm_combine interval=3 lineinfo=1 sources=out/bench",
+                           "kernel=symm_dispatch interval=3",
+                           "kernel=symm_combine interval=0",
+                           "kernel=symm_dispatch interval=0"};
+    for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
+        cr_assert(strstr(out, wants[i]), "no \"%s\" in: %s", wants[i], out);
+    wf_rmtree(dir);
+}
+
+/* moe_bench --rows: exactly the rows named (with --groups, those both
+ * select), and an id that names no row, or an empty entry, refused by name
+ * (--plan: no GPU). */
+Test(bench, rows_selects_rows_by_id)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[1024], out[16384];
+    const char *b = getenv("SYMM_BUILD_DIR") ? getenv("SYMM_BUILD_DIR") : "build";
+    snprintf(command, sizeof command, "%s/bin/symmgen -q -o %s/bench specs/bench.lua", b, dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    const struct {
+        const char *args, *want[3], *not_want[2];
+    } cases[] = {
+        {"--rows g.prefill,b", {"row g.prefill ", "row b ", "2 variants"}, {"row g.decode ", "row b.64 "}},
+        {"--rows g.decode", {"row g.decode ", "1 variants", ""}, {"row g.prefill ", "row b "}},
+        {"--rows g.prefill,b --groups b", {"row b ", "1 variants", ""}, {"row g.prefill ", "row b.64 "}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(command, sizeof command, "%s/bench/moe_bench --manifest %s/bench/manifest.json --plan %s", b, dir,
+                 cases[c].args);
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s: %s", cases[c].args, out);
+        for (int i = 0; i < 3; i++)
+            cr_assert(strstr(out, cases[c].want[i]), "%s: no \"%s\" in: %s", cases[c].args, cases[c].want[i], out);
+        for (int i = 0; i < 2; i++)
+            cr_assert(!strstr(out, cases[c].not_want[i]), "%s: \"%s\" in: %s", cases[c].args, cases[c].not_want[i],
+                      out);
+    }
+    const struct {
+        const char *rows, *want;
+    } bad[] = {{"g.prefil,b", "--rows: \"g.prefil\" is no row; expected row ids"},
+               {"b,g", "--rows: \"g\" is no row"},
+               {"b,", "--rows: \"b,\" has an empty entry"},
+               {"", "--rows: \"\" has an empty entry"}};
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        snprintf(command, sizeof command, "%s/bench/moe_bench --manifest %s/bench/manifest.json --plan --rows '%s'", b,
+                 dir, bad[c].rows);
+        expect_refused(command, bad[c].want, out, sizeof out);
+    }
+    wf_rmtree(dir);
+}
+
+/* scripts/ncu-rank.sh: rank 0 runs the program under ncu, with the
+ * options that ncu's --help lists; other ranks run it plainly; without
+ * NCU_REPORT rank 0 is refused. A fake ncu prints what it was given. */
+Test(ncu_rank, rank_0_runs_under_ncu_the_others_plainly)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[1024], out[8192];
+    for (int full = 0; full < 2; full++) {
+        snprintf(command, sizeof command,
+                 "d=%s; printf '#!/bin/sh\\nif [ \"$1\" = --help ]; then echo \"%s\"; exit 0; fi\\n"
+                 "echo ncu \"$*\"\\n' > $d/ncu && chmod +x $d/ncu && "
+                 "SYMM_RANK=1 NCU=$d/ncu scripts/ncu-rank.sh echo plain && "
+                 "SYMM_RANK=0 NCU=$d/ncu NCU_REPORT=$d/rep NCU_SOURCES=out/bench NCU_KERNEL=symm_dispatch "
+                 "scripts/ncu-rank.sh echo profiled",
+                 dir, full ? "--sampling-interval --source-folders" : "--metrics");
+        cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+        cr_assert(strstr(out, "plain\n") && !strstr(out, "ncu --target-processes application-only --clock-control "
+                                                          "none --cache-control none -k regex:symm_dispatch plain"),
+                  "rank 1: %s", out);
+        char want[256];
+        snprintf(want, sizeof want, "-f -o %s/rep", dir);
+        const char *wants[] = {"ncu --target-processes application-only --clock-control none --cache-control none "
+                               "-k regex:symm_dispatch --launch-skip 3 --launch-count 1 --metrics "
+                               "group:smsp__pcsamp_warp_stall_reasons,",
+                               want, " echo profiled"};
+        for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
+            cr_assert(strstr(out, wants[i]), "full %d: no \"%s\" in: %s", full, wants[i], out);
+        cr_assert_eq(strstr(out, "--sampling-interval auto") != NULL, full, "full %d: %s", full, out);
+        cr_assert_eq(strstr(out, "--source-folders out/bench") != NULL, full, "full %d: %s", full, out);
+    }
+    snprintf(command, sizeof command, "SYMM_RANK=0 NCU=%s/ncu scripts/ncu-rank.sh echo x", dir);
+    expect_refused(command, "NCU_REPORT (the report's path without .ncu-rep) is not set", out, sizeof out);
+    wf_rmtree(dir);
+}
+
 /* The bench-check and bench-sanitize steps: check --quick (and under
  * memcheck and racecheck) of specs/bench.lua's BENCH_VARIANTS, a rank per
  * GPU at the host's world: by default the layout-expert variants (both
