@@ -81,9 +81,10 @@
 #        sampling of rank 0's kernels NCU_KERNELS (default "combine
 #        dispatch") in moe_bench rows NCU_ROWS (default g.prefill,g.decode,b)
 #        at the host's world, the peers at speed (scripts/ncu-rank.sh), the
-#        kernels compiled with SYMM_JIT_LINEINFO=1: each report's details and
-#        its source page by SASS instruction and by line of the generated
-#        source, in $OUT's ncu.tgz; NCU_ARGS, optional, goes to moe_bench)
+#        kernels compiled with SYMM_JIT_LINEINFO=1: each report's details, its
+#        source page by SASS instruction and, through scripts/ncu-lines.py,
+#        by line of the templates, in $OUT's ncu.tgz (the last also in the
+#        logs); NCU_ARGS, optional, goes to moe_bench)
 #        (profile, inline, tune and dedup: on 2 GPUs;
 #        dedup times rows g with DEDUP on and off, with layout rank's
 #        push warps (bench/NOTES.md 37) and with its staging buffers
@@ -537,14 +538,16 @@ for s in "$@"; do
                 for k in ${NCU_KERNELS:-combine dispatch}; do
                     rep=$reps/$r-$k
                     # shellcheck disable=SC2086 # NCU_ARGS: words
-                    step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 \
+                    step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 SYMM_JIT_DUMP=1 \
                         NCU_REPORT="$rep" NCU_KERNEL="symm_$k" NCU_INTERVAL="${NCU_INTERVAL:-$iv}" NCU_SOURCES="$bench_dir" \
                         $run -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench" --manifest "$pm" \
                         --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
                     if [ -f "$rep.ncu-rep" ] && [ -x "$ncu_bin" ]; then
                         "$ncu_bin" -i "$rep.ncu-rep" --page details --print-details all > "$rep-details.txt" 2>&1
                         "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1
-                        "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source cuda > "$rep-cuda.csv" 2>&1
+                        # By line of the templates: the dumped cubins (SYMM_JIT_DUMP) through nvdisasm.
+                        python3 scripts/ncu-lines.py "$rep-sass.csv" --elf-dir /tmp/symm-cache-lineinfo > "$rep-lines.txt" 2>&1
+                        cp "$rep-lines.txt" "$out/ncu-$r-$k-lines.txt"
                     fi
                 done
             done

@@ -451,6 +451,71 @@ Test(device_run, ncu_profiles_rank_0_a_row_and_kernel_at_a_time)
     wf_rmtree(dir);
 }
 
+/* scripts/ncu-lines.py: the samples of ncu's source page by template line,
+ * from the disassembly of the function whose instructions are the CSV's
+ * (not the first function of the file); refused with 1 when none matches,
+ * with 2 when the CSV has no stall reason by name. */
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert(f && fputs(text, f) >= 0 && fclose(f) == 0, "cannot write %s", path);
+}
+
+Test(ncu_lines, samples_by_line_from_the_matching_function)
+{
+    char dir[64];
+    wf_tempdir(dir, sizeof dir);
+    cr_assert(dir[0], "no temporary directory");
+    char command[512], out[8192];
+    write_text(dir, "k.csv",
+               "\"Kernel Name\",\"symm_combine\",\n"
+               "\"Address\",\"Source\",\"smsp__pcsamp_warps_issue_stalled_long_scoreboard\","
+               "\"smsp__pcsamp_warps_issue_stalled_wait\"\n"
+               "\"0x7f00\",\"  LDG.E.128 R4, desc[UR6][R2.64]\",\"1\",\"0\"\n"
+               "\"0x7f10\",\"  @P0 IMAD.U32 R7, R4, 0x10000, RZ\",\"70\",\"2\"\n"
+               "\"0x7f20\",\"  EXIT\",\"0\",\"27\"\n");
+    write_text(dir, "g.csv",
+               "\"Kernel Name\",\"symm_combine\",\n"
+               "\"Address\",\"Source\",\"group:smsp__pcsamp_warp_stall_reasons\"\n"
+               "\"0x7f00\",\"  LDG.E.128 R4, desc[UR6][R2.64]\",\"1\"\n");
+    const char *combine = ".text.symm_combine:\n"
+                          "\t//## File \"/x/templates/cu/combine_sums.cu.in\", line 525\n"
+                          "        /*0000*/                   LDG.E.128 R4, desc[UR6][R2.64] ;\n"
+                          "\t//## File \"/x/templates/cu/primitives.cu.in\", line 448\n"
+                          "        /*0010*/              @P0 IMAD.U32 R7, R4, 0x10000, RZ ;\n"
+                          "\t//## File \"/x/templates/cu/combine.cu.in\", line 39\n";
+    char text[1024];
+    snprintf(text, sizeof text,
+             ".text.symm_dispatch:\n        /*0000*/  LDG.E.128 R4, desc[UR6][R2.64] ;\n        /*0010*/  EXIT ;\n"
+             "%s        /*0020*/                   EXIT ;\n",
+             combine);
+    write_text(dir, "k.sass", text);
+    write_text(dir, "short.sass", combine); /* no EXIT: two instructions */
+    snprintf(command, sizeof command, "python3 scripts/ncu-lines.py %s/k.csv --sass %s/k.sass --hot 1 --context 1",
+             dir, dir);
+    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
+    const char *wants[] = {"kernel symm_combine: 3 instructions, 100 samples",
+                           "long_scoreboard           71  71.0%",
+                           "wait                      29  29.0%",
+                           "       72  72.0%  primitives.cu.in:448  (long_scoreboard 97%, wait 3%)",
+                           "       27  27.0%  combine.cu.in:39  (wait 100%)",
+                           "-- 72 samples (long_scoreboard 97%, wait 3%) at 0010, primitives.cu.in:448",
+                           "=> 0010     72  @P0 IMAD.U32 R7, R4, 0x10000, RZ"};
+    for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
+        cr_assert(strstr(out, wants[i]), "no \"%s\" in: %s", wants[i], out);
+    /* A disassembly without the CSV's instructions: 1. */
+    snprintf(command, sizeof command, "python3 scripts/ncu-lines.py %s/k.csv --sass %s/short.sass", dir, dir);
+    cr_assert_eq(run(command, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "has the 3 instructions of"), "%s", out);
+    /* A CSV of ncu's groups, not the reasons by name: 2. */
+    snprintf(command, sizeof command, "python3 scripts/ncu-lines.py %s/g.csv --sass %s/k.sass", dir, dir);
+    cr_assert_eq(run(command, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "no smsp__pcsamp_warps_issue_stalled_* column"), "%s", out);
+    wf_rmtree(dir);
+}
+
 /* moe_bench --rows: exactly the rows named (with --groups, those both
  * select), and an id that names no row, or an empty entry, refused by name
  * (--plan: no GPU). */
@@ -519,7 +584,8 @@ Test(ncu_rank, rank_0_runs_under_ncu_the_others_plainly)
         snprintf(want, sizeof want, "-f -o %s/rep", dir);
         const char *wants[] = {"ncu --target-processes application-only --clock-control none --cache-control none "
                                "-k regex:symm_dispatch --launch-skip 3 --launch-count 1 --metrics "
-                               "group:smsp__pcsamp_warp_stall_reasons,",
+                               "smsp__pcsamp_sample_count,smsp__pcsamp_warps_issue_stalled_barrier,",
+                               ",smsp__pcsamp_warps_issue_stalled_long_scoreboard,",
                                want, " echo profiled"};
         for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
             cr_assert(strstr(out, wants[i]), "full %d: no \"%s\" in: %s", full, wants[i], out);
