@@ -41,14 +41,14 @@ if ! [ -x "$ncu" ]; then
     echo "ncu-rank.sh: no Nsight Compute ($ncu is not an executable): set NCU" >&2
     exit 2
 fi
-# Each stall reason by name (one pass: the source page then has a column
-# for each, by instruction); the two groups of ncu ("all" and "not
-# issued") took two passes.
-stalls=smsp__pcsamp_sample_count
+# Each stall reason by name (the source page then has a column for each,
+# by instruction), without smsp__pcsamp_sample_count: with it, or with
+# ncu's two groups of the reasons, ncu took two passes.
+stalls=
 for r in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long_scoreboard math_pipe_throttle \
     membar mio_throttle misc no_instructions not_selected selected short_scoreboard sleeping tex_throttle wait \
     warpgroup_arrive; do
-    stalls=$stalls,smsp__pcsamp_warps_issue_stalled_$r
+    stalls=$stalls${stalls:+,}smsp__pcsamp_warps_issue_stalled_$r
 done
 args=(--target-processes application-only --clock-control none --cache-control none
       -k "regex:${NCU_KERNEL:-symm_combine}" --launch-skip "${NCU_SKIP:-3}" --launch-count "${NCU_COUNT:-1}"

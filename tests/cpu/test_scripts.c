@@ -584,7 +584,7 @@ Test(ncu_rank, rank_0_runs_under_ncu_the_others_plainly)
         snprintf(want, sizeof want, "-f -o %s/rep", dir);
         const char *wants[] = {"ncu --target-processes application-only --clock-control none --cache-control none "
                                "-k regex:symm_dispatch --launch-skip 3 --launch-count 1 --metrics "
-                               "smsp__pcsamp_sample_count,smsp__pcsamp_warps_issue_stalled_barrier,",
+                               "smsp__pcsamp_warps_issue_stalled_barrier,",
                                ",smsp__pcsamp_warps_issue_stalled_long_scoreboard,",
                                want, " echo profiled"};
         for (size_t i = 0; i < sizeof wants / sizeof wants[0]; i++)
