@@ -538,10 +538,15 @@ for s in "$@"; do
                 for k in ${NCU_KERNELS:-combine dispatch}; do
                     rep=$reps/$r-$k
                     # shellcheck disable=SC2086 # NCU_ARGS: words
+                    # NCU_JOB=1: the whole job under ncu, replayed a pass at a time (ncu-rank.sh), at a fixed seed.
+                    if [ "${NCU_JOB:-0}" = 1 ]; then
+                        launch=(scripts/ncu-rank.sh "$run" -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" --seed 1)
+                    else
+                        launch=("$run" -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench")
+                    fi
                     step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 SYMM_JIT_DUMP=1 \
                         NCU_REPORT="$rep" NCU_KERNEL="symm_$k" NCU_INTERVAL="${NCU_INTERVAL:-$iv}" NCU_SOURCES="$bench_dir" \
-                        $run -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench" --manifest "$pm" \
-                        --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
+                        "${launch[@]}" --manifest "$pm" --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
                     if [ -f "$rep.ncu-rep" ] && [ -x "$ncu_bin" ]; then
                         "$ncu_bin" -i "$rep.ncu-rep" --page details --print-details all > "$rep-details.txt" 2>&1
                         "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1

@@ -60,6 +60,8 @@ def read_csv(path):
         fail("%s: no %s* column (collect the stall reasons by name: scripts/ncu-rank.sh)" % (path, STALL))
     out = []
     for r in body:
+        if r and r[0] == "Kernel Name":  # the next kernel's page (another rank's)
+            break
         if len(r) != len(hdr):
             continue
         counts = {}

@@ -21,12 +21,18 @@
 #                 generated .cu files; with SYMM_JIT_LINEINFO=1 the samples
 #                 map to its lines)
 #   NCU           the ncu program (ncu on PATH, else /usr/local/cuda/bin/ncu)
+#   NCU_JOB       1: see below (default 0: rank 0 under ncu, kernel replay)
 set -u
 if [ $# -eq 0 ]; then
     echo "usage: ncu-rank.sh PROG [ARGS...] (under symmrun: rank 0 under ncu)" >&2
     exit 2
 fi
-if [ "${SYMM_RANK:-}" != 0 ]; then
+# NCU_JOB=1: PROG is the launcher (symmrun ...): ncu runs the whole job once
+# a pass (--replay-mode application), every rank injected, so a kernel
+# that waits for its peers meets them in every pass; moe_bench needs a
+# fixed --seed then (each pass must launch the same kernels).
+job=${NCU_JOB:-0}
+if [ "$job" != 1 ] && [ "${SYMM_RANK:-}" != 0 ]; then
     exec "$@"
 fi
 if [ -z "${NCU_REPORT:-}" ]; then
@@ -50,7 +56,9 @@ for r in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long
     warpgroup_arrive; do
     stalls=$stalls${stalls:+,}smsp__pcsamp_warps_issue_stalled_$r
 done
-args=(--target-processes application-only --clock-control none --cache-control none
+targets=(--target-processes application-only)
+[ "$job" = 1 ] && targets=(--target-processes all --replay-mode application)
+args=("${targets[@]}" --clock-control none --cache-control none
       -k "regex:${NCU_KERNEL:-symm_combine}" --launch-skip "${NCU_SKIP:-3}" --launch-count "${NCU_COUNT:-1}"
       --metrics "${NCU_METRICS:-$stalls}" --import-source yes -f -o "$NCU_REPORT")
 # Options that not every ncu has: asked for only where its --help lists them.
