@@ -78,8 +78,9 @@
 #        examples/torch_moe), torch (bench/torch_bench.py: the eager
 #        Python call over the C call, a captured graph, all_to_all_single;
 #        the table lands in $OUT/torch_bench.md), ncu (Nsight Compute's PC
-#        sampling of rank 0's kernels NCU_KERNELS (default "combine
-#        dispatch") in moe_bench rows NCU_ROWS (default g.prefill,g.decode,b)
+#        sampling of rank 0's kernels NCU_KERNELS (default combine; dispatch's
+#        samples are of a pass that times out: scripts/ncu-rank.sh says why)
+#        in moe_bench rows NCU_ROWS (default g.prefill,g.decode,b)
 #        at the host's world, the peers at speed (scripts/ncu-rank.sh), the
 #        kernels compiled with SYMM_JIT_LINEINFO=1: each report's details, its
 #        source page by SASS instruction and, through scripts/ncu-lines.py,
@@ -535,18 +536,13 @@ for s in "$@"; do
             for r in $row; do
                 # A sample every 2^(5+N) cycles: prefill's kernels run about 15 times as long as decode's.
                 case $r in *prefill* | a | d | f.* | i.a | p.a | u.a*) iv=3 ;; *) iv=0 ;; esac
-                for k in ${NCU_KERNELS:-combine dispatch}; do
+                for k in ${NCU_KERNELS:-combine}; do
                     rep=$reps/$r-$k
                     # shellcheck disable=SC2086 # NCU_ARGS: words
-                    # NCU_JOB=1: the whole job under ncu, replayed a pass at a time (ncu-rank.sh), at a fixed seed.
-                    if [ "${NCU_JOB:-0}" = 1 ]; then
-                        launch=(scripts/ncu-rank.sh "$run" -n "$ngpu" --gpus "$gpus" -- "$build/bench/moe_bench" --seed 1)
-                    else
-                        launch=("$run" -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench")
-                    fi
                     step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 SYMM_JIT_DUMP=1 \
                         NCU_REPORT="$rep" NCU_KERNEL="symm_$k" NCU_INTERVAL="${NCU_INTERVAL:-$iv}" NCU_SOURCES="$bench_dir" \
-                        "${launch[@]}" --manifest "$pm" --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
+                        $run -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench" --manifest "$pm" \
+                        --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
                     if [ -f "$rep.ncu-rep" ] && [ -x "$ncu_bin" ]; then
                         "$ncu_bin" -i "$rep.ncu-rep" --page details --print-details all > "$rep-details.txt" 2>&1
                         "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1

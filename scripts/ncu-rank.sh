@@ -3,11 +3,20 @@
 # (SYMM_RANK) runs PROG under Nsight Compute (ncu), every other rank runs it
 # plainly, so one rank's kernels are profiled while its peers run at speed.
 #
-# Only what ncu takes in one pass of a kernel is asked for by default (PC
-# sampling: where each warp stood and why it did not issue, by instruction):
-# a kernel that waits for its peers cannot be replayed on one rank alone
-# (a second pass would wait for flags the peers set in the first), so
-# metrics that need several passes give that rank timeouts, not numbers.
+# What it samples (by default): where each warp stood and why it did not
+# issue, by instruction (PC sampling). Seen on the lent H200 machines (ncu
+# 2025.3.1, 2026-11-28): PC sampling takes two passes whatever is asked
+# for, and the second replays the kernel on this rank alone, its memory
+# as the first pass left it for the symmetric buffers (ncu restores only
+# what it allocated). So:
+#   - combine: the second pass, the one sampled, finds its peers' rows and
+#     flags already there and runs without waiting; its samples show the
+#     kernel's own work (loads, sums, stores), not its waits;
+#   - dispatch: the second pass waits for counts its peers sent in the
+#     first and times out (SYMM_TIMEOUT): no usable samples.
+# Replaying the whole job instead (ncu --replay-mode application
+# --target-processes all on symmrun) deadlocks: ncu holds the other
+# ranks' launches while it profiles one rank's kernel.
 #
 # Environment:
 #   NCU_REPORT    the report's path, without .ncu-rep (required on rank 0)
@@ -21,18 +30,12 @@
 #                 generated .cu files; with SYMM_JIT_LINEINFO=1 the samples
 #                 map to its lines)
 #   NCU           the ncu program (ncu on PATH, else /usr/local/cuda/bin/ncu)
-#   NCU_JOB       1: see below (default 0: rank 0 under ncu, kernel replay)
 set -u
 if [ $# -eq 0 ]; then
     echo "usage: ncu-rank.sh PROG [ARGS...] (under symmrun: rank 0 under ncu)" >&2
     exit 2
 fi
-# NCU_JOB=1: PROG is the launcher (symmrun ...): ncu runs the whole job once
-# a pass (--replay-mode application), every rank injected, so a kernel
-# that waits for its peers meets them in every pass; moe_bench needs a
-# fixed --seed then (each pass must launch the same kernels).
-job=${NCU_JOB:-0}
-if [ "$job" != 1 ] && [ "${SYMM_RANK:-}" != 0 ]; then
+if [ "${SYMM_RANK:-}" != 0 ]; then
     exec "$@"
 fi
 if [ -z "${NCU_REPORT:-}" ]; then
@@ -56,9 +59,7 @@ for r in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long
     warpgroup_arrive; do
     stalls=$stalls${stalls:+,}smsp__pcsamp_warps_issue_stalled_$r
 done
-targets=(--target-processes application-only)
-[ "$job" = 1 ] && targets=(--target-processes all --replay-mode application)
-args=("${targets[@]}" --clock-control none --cache-control none
+args=(--target-processes application-only --clock-control none --cache-control none
       -k "regex:${NCU_KERNEL:-symm_combine}" --launch-skip "${NCU_SKIP:-3}" --launch-count "${NCU_COUNT:-1}"
       --metrics "${NCU_METRICS:-$stalls}" --import-source yes -f -o "$NCU_REPORT")
 # Options that not every ncu has: asked for only where its --help lists them.

@@ -594,13 +594,6 @@ Test(ncu_rank, rank_0_runs_under_ncu_the_others_plainly)
     }
     snprintf(command, sizeof command, "SYMM_RANK=0 NCU=%s/ncu scripts/ncu-rank.sh echo x", dir);
     expect_refused(command, "NCU_REPORT (the report's path without .ncu-rep) is not set", out, sizeof out);
-    /* NCU_JOB=1: the launcher itself under ncu, every process, replayed whole, whatever SYMM_RANK says. */
-    snprintf(command, sizeof command, "NCU_JOB=1 SYMM_RANK=1 NCU=%s/ncu NCU_REPORT=%s/rep scripts/ncu-rank.sh echo job",
-             dir, dir);
-    cr_assert_eq(run(command, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "ncu --target-processes all --replay-mode application --clock-control none") &&
-                  strstr(out, " echo job"),
-              "NCU_JOB=1: %s", out);
     wf_rmtree(dir);
 }
 
