@@ -42,7 +42,7 @@ static const struct {
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
     {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
-    {"SUM_EARLY", 0, 1}, {"PART_SPLIT", 0, 2},
+    {"SUM_EARLY", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -668,22 +668,6 @@ Test(tune, the_sum_early_knob_changes_only_layout_rank_s_pushing_sums, .init = g
     check_knob_case("bench/bench_dsv3_prefill", "SUM_EARLY", 1, NULL, 0, false);
     check_knob_case("bf16_expert_w2", "SUM_EARLY", 1, NULL, 0, false);
     check_knob_case("bench/bench_dsv3_decode_pull", "SUM_EARLY", 1, NULL, 0, false);
-}
-
-/* PART_SPLIT (default 0) changes layout expert's parts where the push
- * warps form them (PUSH_PARTIALS: max_tokens above 512), at 1 and at 2, and
- * never layout expert at decode (PARTIAL_GRID), its ascending-k order, its
- * pulling combine or layout rank. */
-Test(tune, the_part_split_knob_changes_only_the_push_warps_parts, .init = gen_setup_bench, .fini = gen_teardown)
-{
-    for (int v = 1; v <= 2; v++) {
-        check_knob_values("bench/bench_dsv3_prefill_expert", "PART_SPLIT", 0, v, NULL, 0, true);
-        check_knob_values("bench/bench_dsv3_decode_expert", "PART_SPLIT", 0, v, NULL, 0, false);
-    }
-    check_knob_case("bench/bench_dsv3_prefill_expert_fp8", "PART_SPLIT", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_prefill_expert_k", "PART_SPLIT", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill_expert_pull", "PART_SPLIT", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_prefill", "PART_SPLIT", 0, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
