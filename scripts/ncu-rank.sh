@@ -6,14 +6,14 @@
 # What it samples (by default): where each warp stood and why it did not
 # issue, by instruction (PC sampling). Seen on the lent H200 machines (ncu
 # 2025.3.1, 2026-11-28): PC sampling takes two passes whatever is asked
-# for, and the second replays the kernel on this rank alone, its memory
-# as the first pass left it for the symmetric buffers (ncu restores only
-# what it allocated). So:
-#   - combine: the second pass, the one sampled, finds its peers' rows and
-#     flags already there and runs without waiting; its samples show the
-#     kernel's own work (loads, sums, stores), not its waits;
-#   - dispatch: the second pass waits for counts its peers sent in the
-#     first and times out (SYMM_TIMEOUT): no usable samples.
+# for, and ncu runs the kernel a second time on this rank alone. What
+# came of it:
+#   - combine: almost no samples in the waits for the peers (their rows
+#     and flags were in place when the sampled pass ran): the samples show
+#     the kernel's own work (loads, sums, stores), not its waits; the
+#     row may fail afterwards with a timeout;
+#   - dispatch: the sampled pass waited for its peers until its timeout
+#     (SYMM_TIMEOUT): no usable samples.
 # Replaying the whole job instead (ncu --replay-mode application
 # --target-processes all on symmrun) deadlocks: ncu holds the other
 # ranks' launches while it profiles one rank's kernel.
