@@ -175,9 +175,13 @@ $(GPU_CHECK): $(BUILD)/obj/tests/gpu/check.o $(LIBSYMM_A)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CUDA_STUB_LIBS) $(RT_LIBS)
 
+# --as-needed: a bench program that calls no driver function itself (moe_bench
+# opens the driver through libsymm) does not need libcuda.so.1 to start, so
+# `moe_bench --plan` runs on machines without a GPU driver (make test), also
+# where the sanitizers' link flags would keep the library otherwise.
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBSYMM_A)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS_ALL) -o $@ $^ $(CUDA_STUB_LIBS) $(RT_LIBS)
+	$(CC) $(LDFLAGS_ALL) -o $@ $^ -Wl,--as-needed $(CUDA_STUB_LIBS) $(RT_LIBS)
 
 example: $(EXAMPLE)
 
