@@ -127,6 +127,7 @@ static int calls_for(int tokens) { return tokens <= SMALL_T ? SMALL_T_CALLS : 1;
 
 typedef struct options {
     const char *manifest, *csv, *markdown, *groups, *rows;
+    bool picked[N_ROWS]; /* --rows: the rows it names (read only when rows is set) */
     int reps, warmup;
     uint64_t seed;
     int profile; /* the tuning knob PROFILE: 0 (none), 1 (phases), 2 (and spans) */
@@ -209,33 +210,20 @@ static int bad_usage(const char *fmt, const char *arg)
     return 2;
 }
 
-/* Does the comma-separated list ids hold the row id? */
-static bool list_has(const char *ids, const char *id)
-{
-    const size_t n = strlen(id);
-    for (const char *p = ids; *p;) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && !strncmp(p, id, n))
-            return true;
-        p += len + (end != NULL);
-    }
-    return false;
-}
-
-/* The first entry of the comma-separated list ids that names no row of the
- * matrix, its length in *len (0: an empty entry); NULL when every entry
- * names one. */
-static const char *unknown_row(const char *ids, size_t *len)
+/* Mark in picked the rows that the comma-separated list ids names. NULL
+ * when every entry names a row of the matrix; else the first that does
+ * not, its length in *len (0: an empty entry). */
+static const char *pick_rows(const char *ids, bool *picked, size_t *len)
 {
     for (const char *p = ids;;) {
         const char *end = strchr(p, ',');
         *len = end ? (size_t)(end - p) : strlen(p);
-        bool found = false;
-        for (int i = 0; i < N_ROWS && !found; i++)
-            found = strlen(matrix[i].id) == *len && !strncmp(matrix[i].id, p, *len);
-        if (!found)
+        int i = 0;
+        while (i < N_ROWS && !(strlen(matrix[i].id) == *len && !strncmp(matrix[i].id, p, *len)))
+            i++;
+        if (i == N_ROWS)
             return p;
+        picked[i] = true;
         if (!end)
             return NULL;
         p = end + 1;
@@ -250,8 +238,7 @@ static int parse_options(int argc, char **argv, options *o)
         const char *a = argv[i], *next = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes = !strcmp(a, "--manifest") || !strcmp(a, "--csv") || !strcmp(a, "--markdown") ||
                      !strcmp(a, "--groups") || !strcmp(a, "--rows") || !strcmp(a, "--reps") ||
-                     !strcmp(a, "--warmup") ||
-                     !strcmp(a, "--seed");
+                     !strcmp(a, "--warmup") || !strcmp(a, "--seed");
         if (takes && !next)
             return bad_usage("%s needs a value", a);
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -271,8 +258,9 @@ static int parse_options(int argc, char **argv, options *o)
                                      o->groups);
         } else if (!strcmp(a, "--rows")) {
             o->rows = argv[++i];
+            memset(o->picked, 0, sizeof o->picked); /* the last --rows counts, as the last --groups does */
             size_t len;
-            const char *bad = unknown_row(o->rows, &len);
+            const char *bad = pick_rows(o->rows, o->picked, &len);
             if (bad) {
                 char what[128];
                 if (len)
@@ -324,7 +312,7 @@ static int parse_options(int argc, char **argv, options *o)
 
 static bool row_selected(const options *o, const row_spec *r)
 {
-    return (!o->groups || strchr(o->groups, r->id[0]) != NULL) && (!o->rows || list_has(o->rows, r->id));
+    return (!o->groups || strchr(o->groups, r->id[0]) != NULL) && (!o->rows || o->picked[r - matrix]);
 }
 
 /* ---- routings (random numbers: tests/support/moe_inputs.h) -------------- */

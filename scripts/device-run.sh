@@ -531,26 +531,24 @@ for s in "$@"; do
         ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
         # The reports (binary, large) stay out of $out, which logs.tgz packs; their pages as text go in ncu.tgz.
         reps=$(mktemp -d /tmp/symm-ncu.XXXXXX)
-        for row in ${NCU_ROWS:-g.prefill g.decode b}; do
-            row=${row//,/ }
-            for r in $row; do
-                # A sample every 2^(5+N) cycles: prefill's kernels run about 15 times as long as decode's.
-                case $r in *prefill* | a | d | f.* | i.a | p.a | u.a*) iv=3 ;; *) iv=0 ;; esac
-                for k in ${NCU_KERNELS:-combine}; do
-                    rep=$reps/$r-$k
-                    # shellcheck disable=SC2086 # NCU_ARGS: words
-                    step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 SYMM_JIT_DUMP=1 \
-                        NCU_REPORT="$rep" NCU_KERNEL="symm_$k" NCU_INTERVAL="${NCU_INTERVAL:-$iv}" NCU_SOURCES="$bench_dir" \
-                        $run -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench" --manifest "$pm" \
-                        --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
-                    if [ -f "$rep.ncu-rep" ] && [ -x "$ncu_bin" ]; then
-                        "$ncu_bin" -i "$rep.ncu-rep" --page details --print-details all > "$rep-details.txt" 2>&1
-                        "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1
-                        # By line of the templates: the dumped cubins (SYMM_JIT_DUMP) through nvdisasm.
-                        python3 scripts/ncu-lines.py "$rep-sass.csv" --elf-dir /tmp/symm-cache-lineinfo > "$rep-lines.txt" 2>&1
-                        cp "$rep-lines.txt" "$out/ncu-$r-$k-lines.txt"
-                    fi
-                done
+        rows=${NCU_ROWS:-g.prefill g.decode b}
+        for r in ${rows//,/ }; do
+            # A sample every 2^(5+N) cycles: prefill's kernels run about 15 times as long as decode's.
+            case $r in *prefill* | a | d | f.* | i.a | p.a | u.a*) iv=3 ;; *) iv=0 ;; esac
+            for k in ${NCU_KERNELS:-combine}; do
+                rep=$reps/$r-$k
+                # shellcheck disable=SC2086 # NCU_ARGS: words
+                step "ncu-$r-$k" "${NCU_LIMIT:-200}" env SYMM_CACHE_DIR=/tmp/symm-cache-lineinfo SYMM_JIT_LINEINFO=1 SYMM_JIT_DUMP=1 \
+                    NCU="$ncu_bin" NCU_REPORT="$rep" NCU_KERNEL="symm_$k" NCU_INTERVAL="${NCU_INTERVAL:-$iv}" \
+                    NCU_SOURCES="$bench_dir" $run -n "$ngpu" --gpus "$gpus" -- scripts/ncu-rank.sh "$build/bench/moe_bench" \
+                    --manifest "$pm" --rows "$r" --no-nccl --warmup 3 --reps 3 ${NCU_ARGS:-}
+                if [ -f "$rep.ncu-rep" ] && [ -x "$ncu_bin" ]; then
+                    "$ncu_bin" -i "$rep.ncu-rep" --page details --print-details all > "$rep-details.txt" 2>&1
+                    "$ncu_bin" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1
+                    # By line of the templates: the dumped cubins (SYMM_JIT_DUMP) through nvdisasm.
+                    python3 scripts/ncu-lines.py "$rep-sass.csv" --elf-dir /tmp/symm-cache-lineinfo > "$rep-lines.txt" 2>&1
+                    cp "$rep-lines.txt" "$out/ncu-$r-$k-lines.txt"
+                fi
             done
         done
         tar -C "$reps" -czf "$final/ncu.tgz" --exclude='*.ncu-rep' . && rm -rf "$reps" ;;
