@@ -43,7 +43,6 @@ static const struct knob {
     {"PART_ORDER", 0, 1},   /* combine, PUSH_PARTIALS with DEDUP: 1: the peers' parts formed in token order from dispatch's words (default 1) */
     {"BASE_LOADS", 1, 32},  /* dispatch: count words a thread loads before it waits on any (default 4) */
     {"PUSH_ORDER", 0, 1},   /* combine, combine_order k pushing: 1: the rows pushed token by token (default 1) */
-    {"SUM_TERMS", 0, 3},    /* combine, layout expert by rank with SUM_LEAN: a token's sum compiled for its count of terms: 1 every count, 2 three to five, 3 three and four (default 0) */
     {"COUNT16", 0, 1},      /* dispatch, layout expert below max_tokens 65536: 1: 4-byte count words (default 1) */
     {"STEAL", 0, 1},        /* dispatch, layout rank at prefill: 1: a warp done with its tokens takes others from the runs' backs (default 1) */
     {"PUSH_DEAL", 0, 1},    /* combine, layout rank pushing: 1: a push warp's batches after its first from a counter (default 1) */

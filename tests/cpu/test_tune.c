@@ -41,7 +41,7 @@ static const struct {
     {"CHAIN_STREAM", 0, 1}, {"CHAIN_WARPS", 0, 8}, {"SUM_PREFETCH", 0, 1},
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
-    {"PUSH_ORDER", 0, 1}, {"SUM_TERMS", 0, 3}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
+    {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
     {"SUM_EARLY", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
@@ -680,29 +680,6 @@ Test(tune, the_count16_knob_changes_only_layout_expert, .init = gen_setup, .fini
     check_knob_case("bf16_expert_w4", "COUNT16", 1, NULL, 0, true);
     check_knob_case("bf16_expert_order_k_w2", "COUNT16", 1, NULL, 0, true);
     check_knob_case("bf16_rank_w2", "COUNT16", 1, NULL, 0, false);
-}
-
-/* SUM_TERMS (default 0) compiles to the default's code at 0 and changes
- * only layout expert by rank's lean sums (PUSH_PARTIALS, and the pulling
- * combine): at 1 (a loop for every count of terms) at top-2 too, at 2 and
- * 3 (loops for three terms or more) at top-8 (the bench's prefill expert
- * variant) and not at top-2. Never layout rank, the ascending-k order, the
- * grid's waiting sums at decode (PARTIAL_GRID), nor with SUM_LEAN 0. */
-Test(tune, the_sum_terms_knob_changes_only_layout_experts_lean_sums, .init = gen_setup_bench, .fini = gen_teardown)
-{
-    check_knob_values("bf16_expert_w2", "SUM_TERMS", 0, 1, "PUSH_PARTIALS", 1, true);
-    check_knob_values("fp16_expert_a8_pull_w2", "SUM_TERMS", 0, 1, NULL, 0, true);
-    for (int v = 2; v <= 3; v++) {
-        check_knob_values("bench/bench_dsv3_prefill_expert", "SUM_TERMS", 0, v, NULL, 0, true);
-        check_knob_values("bf16_expert_w2", "SUM_TERMS", 0, v, "PUSH_PARTIALS", 1, false);
-        check_knob_values("fp16_expert_a8_pull_w2", "SUM_TERMS", 0, v, NULL, 0, false);
-    }
-    for (int v = 1; v <= 3; v++) {
-        check_knob_values("bf16_expert_w2", "SUM_TERMS", 0, v, NULL, 0, false);
-        check_knob_values("bf16_expert_w2", "SUM_TERMS", 0, v, "SUM_LEAN", 0, false);
-        check_knob_values("bf16_rank_w2", "SUM_TERMS", 0, v, NULL, 0, false);
-        check_knob_values("bf16_expert_order_k_w2", "SUM_TERMS", 0, v, NULL, 0, false);
-    }
 }
 
 /* PUSH_ORDER (default 1 where it applies) compiles to the default's code
