@@ -47,7 +47,6 @@ static const struct knob {
     {"STEAL", 0, 1},        /* dispatch, layout rank at prefill: 1: a warp done with its tokens takes others from the runs' backs (default 1) */
     {"PUSH_DEAL", 0, 1},    /* combine, layout rank pushing: 1: a push warp's batches after its first from a counter (default 1) */
     {"SUM_EARLY", 0, 1},    /* combine, layout rank pushing at max_tokens <= 512: 1: a one-token unit's sources found before its wait (default 1) */
-    {"SUM_STAGE", 0, 1},    /* combine, with SUM_EARLY: 1: a one-token unit's own row staged in shared memory by cp.async before its wait (default 0) */
 };
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= SYMM_TUNE_MAX_ITEMS, "one option per knob");
 _Static_assert(SYMM_ARRAY_LEN(knobs) <= 64, "symm_tune_parse: a bit a knob in `seen`");

@@ -42,7 +42,7 @@ static const struct {
     {"PART_FLAT", 0, 1}, {"PUSH_SLOTS", 1, 4}, {"GRID_LEAN", 0, 1},
     {"SUM_LEAN", 0, 1}, {"PART_ORDER", 0, 1}, {"BASE_LOADS", 1, 32},
     {"PUSH_ORDER", 0, 1}, {"COUNT16", 0, 1}, {"STEAL", 0, 1}, {"PUSH_DEAL", 0, 1},
-    {"SUM_EARLY", 0, 1}, {"SUM_STAGE", 0, 1},
+    {"SUM_EARLY", 0, 1},
 };
 #define N_KNOBS (int)(sizeof knobs / sizeof knobs[0])
 
@@ -668,21 +668,6 @@ Test(tune, the_sum_early_knob_changes_only_layout_rank_s_pushing_sums, .init = g
     check_knob_case("bench/bench_dsv3_prefill", "SUM_EARLY", 1, NULL, 0, false);
     check_knob_case("bf16_expert_w2", "SUM_EARLY", 1, NULL, 0, false);
     check_knob_case("bench/bench_dsv3_decode_pull", "SUM_EARLY", 1, NULL, 0, false);
-}
-
-/* SUM_STAGE (default 0) compiles to the default's code at 0; at 1 it
- * changes where SUM_EARLY applies (layout rank's pushing sums at
- * max_tokens 512 or less, worlds 2 and 4) and nowhere else, nor with
- * SUM_EARLY 0. */
-Test(tune, the_sum_stage_knob_changes_only_where_sum_early_applies, .init = gen_setup_bench, .fini = gen_teardown)
-{
-    check_knob_case("bf16_rank_w2", "SUM_STAGE", 0, NULL, 0, true);
-    check_knob_case("bf16_rank_w4", "SUM_STAGE", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode", "SUM_STAGE", 0, NULL, 0, true);
-    check_knob_case("bench/bench_dsv3_decode", "SUM_STAGE", 0, "SUM_EARLY", 0, false);
-    check_knob_case("bench/bench_dsv3_prefill", "SUM_STAGE", 0, NULL, 0, false);
-    check_knob_case("bf16_expert_w2", "SUM_STAGE", 0, NULL, 0, false);
-    check_knob_case("bench/bench_dsv3_decode_pull", "SUM_STAGE", 0, NULL, 0, false);
 }
 
 /* COUNT16 (default 1 where it applies) compiles to the default's code at
