@@ -21,9 +21,14 @@
 
 /* The default of field combine: "auto" for layout rank from this
  * max_tokens up (prefill-sized: there a pulling combine was the faster form,
- * 184 against 210 us at 4096 tokens, bench/NOTES.md 46), "push" below it
- * and for layout expert (push faster at decode and for that layout). */
+ * 184 against 210 us at 4096 tokens, bench/NOTES.md 46), and at any
+ * max_tokens from world SG_AUTO_MIN_WORLD up (at world 4 the pulling
+ * combine was the faster at decode too: 26.3 against 28.1 us at 128
+ * tokens, bench/NOTES.md 119); else "push" (world 2 and 3 at decode: 13.7
+ * against 14.5 us at world 2), and for layout expert (push faster at
+ * decode and for that layout). */
 #define SG_AUTO_MIN_TOKENS 1024
+#define SG_AUTO_MIN_WORLD 4
 
 /* NVRTC options of every variant (besides --gpu-architecture): symmgen
  * --compile and the runtime's JIT use exactly these (vars.c writes them into

@@ -2357,10 +2357,14 @@ static void check_choices(check *c, sg_variant *v, bool *ok)
         got_expected(c, F_WEIGHTS, "true or false");
 
     /* combine: by default "auto" for layout rank's prefill-sized variants
-     * (the pulling form is the faster there wherever y permits), else
-     * "push" (SG_AUTO_MIN_TOKENS). max_tokens is checked before. */
-    int mode = v->layout == SYMM_LAYOUT_RANK && v->max_tokens >= SG_AUTO_MIN_TOKENS ? SYMM_COMBINE_AUTO
-                                                                                  : SYMM_COMBINE_PUSH;
+     * and for layout rank from world SG_AUTO_MIN_WORLD up (the pulling form
+     * is the faster there wherever y permits), else "push"
+     * (SG_AUTO_MIN_TOKENS, SG_AUTO_MIN_WORLD). max_tokens and world are
+     * checked before. */
+    int mode = v->layout == SYMM_LAYOUT_RANK &&
+                       (v->max_tokens >= SG_AUTO_MIN_TOKENS || v->world >= SG_AUTO_MIN_WORLD)
+                   ? SYMM_COMBINE_AUTO
+                   : SYMM_COMBINE_PUSH;
     ok[F_COMBINE] = value_of(c, F_COMBINE)->kind == RAW_ABSENT ||
                     take_choice(c, F_COMBINE, combine_names, 3, &mode);
     v->combine = (symm_combine_mode)mode;

@@ -24,7 +24,8 @@
 -- Everything is bf16 dispatch and combine with top-k weights and the
 -- worst-case capacity (no routing can overflow), world 2, sms 24 and
 -- combine = "push" unless said otherwise (the rows of before combine =
--- "auto" became the default of layout rank's prefill-sized variants).
+-- "auto" became the default of layout rank's prefill-sized variants, and
+-- at world 4 and more: at -D world=4 the rows stay "push" as written).
 
 local PREFILL, DECODE, SWEEP = 4096, 128, 8192
 
@@ -86,8 +87,8 @@ layout(bench("bench_dsv3_prefill_expert_pull", dsv3, { max_tokens = PREFILL, lay
 layout(bench("bench_dsv3_decode_expert_pull", dsv3, { max_tokens = DECODE, layout = "expert", combine = "pull" }))
 
 -- combine = "auto": both forms in one variant, each call pulling where y lies
--- in the symmetric buffer and pushing elsewhere (the default from max_tokens
--- 1024 up for layout rank). Against (a), (b) and their pulling twins: what
+-- in the symmetric buffer and pushing elsewhere (the default for layout rank
+-- from max_tokens 1024 up, and at world 4 and more). Against (a), (b) and their pulling twins: what
 -- the per-call check of the form costs each form.
 layout(bench("bench_dsv3_prefill_auto", dsv3, { max_tokens = PREFILL, combine = "auto" }))
 layout(bench("bench_dsv3_decode_auto", dsv3, { max_tokens = DECODE, combine = "auto" }))

@@ -28,17 +28,22 @@ end
 
 for _, w in ipairs({ 2, 4 }) do
   local s = "_w" .. w
+  -- Layout rank's combine defaults to "push" below max_tokens 1024 at world
+  -- 2 and to "auto" from world 4 (docs/spec.md): the world-4 variants below
+  -- keep "push" written, so that both worlds run the pushing program, all
+  -- but fp8_rank_w4, which takes the default ("auto").
+  local push = w >= 4 and "push" or nil
 
   -- layout rank: one copy per token and destination rank.
   -- hosts: across hosts (the hybrid backend), a companion per host count,
   -- the native variant of one host's ranks (bf16_rank_w2_h2 has one rank).
-  layout(with(mid, { name = "bf16_rank" .. s, world = w, hosts = w == 2 and { 2 } or { 2, 4 } }))
-  layout(with(small, { name = "fp16_rank" .. s, world = w, dtype = "fp16", weights = false }))
-  layout(with(small, { name = "fp32_rank" .. s, world = w, dtype = "fp32" }))
+  layout(with(mid, { name = "bf16_rank" .. s, world = w, hosts = w == 2 and { 2 } or { 2, 4 }, combine = push }))
+  layout(with(small, { name = "fp16_rank" .. s, world = w, dtype = "fp16", weights = false, combine = push }))
+  layout(with(small, { name = "fp32_rank" .. s, world = w, dtype = "fp32", combine = push }))
   layout(with(mid, { name = "fp8_rank" .. s, world = w, dtype = "fp8_e4m3" }))
 
   -- Combine in a different dtype than dispatch.
-  layout(with(small, { name = "bf16_rank_out_fp32" .. s, world = w, combine_dtype = "fp32" }))
+  layout(with(small, { name = "bf16_rank_out_fp32" .. s, world = w, combine_dtype = "fp32", combine = push }))
 
   -- layout expert: one copy per (token, expert), packed expert-major.
   layout(with(small, { name = "bf16_expert" .. s, world = w, layout = "expert", weights = false, hosts = { 2 } }))
@@ -50,7 +55,7 @@ for _, w in ipairs({ 2, 4 }) do
 
   -- Capacity below the worst case (world * max_tokens rows): smaller buffers,
   -- and rows beyond it are dropped and reported instead of written.
-  layout(with(mid, { name = "bf16_rank_cap" .. s, world = w, capacity = w * mid.max_tokens // 2 }))
+  layout(with(mid, { name = "bf16_rank_cap" .. s, world = w, capacity = w * mid.max_tokens // 2, combine = push }))
   -- The same for layout expert (worst case: world * max_tokens * topk rows
   -- plus the padding): segments cut at the capacity, and the rows of a
   -- token that do fit still arrive whole.
@@ -59,7 +64,7 @@ for _, w in ipairs({ 2, 4 }) do
 
   -- Few SMs: combine sums several tokens a unit and the last ones one a
   -- unit, which the wider variants reach only at thousands of tokens.
-  layout(with(mid, { name = "bf16_rank_sms2" .. s, world = w, sms = 2 }))
+  layout(with(mid, { name = "bf16_rank_sms2" .. s, world = w, sms = 2, combine = push }))
   -- combine = "pull": each rank's combine reads its peers' rows of y, which
   -- then lives in the symmetric buffer.
   layout(with(mid, { name = "bf16_rank_pull" .. s, world = w, combine = "pull" }))
@@ -67,8 +72,8 @@ for _, w in ipairs({ 2, 4 }) do
                        align = 8, combine = "pull" }))
   -- combine = "auto" (layout rank): both forms, each call pulling where y
   -- lies in the symmetric buffer and pushing elsewhere (the default from
-  -- max_tokens 1024 up); at world 4 with a companion of 2 hosts, whose
-  -- combine is "auto" too.
+  -- max_tokens 1024 up, and at world 4 and more); at world 4 with a
+  -- companion of 2 hosts, whose combine is "auto" too.
   layout(with(mid, { name = "bf16_rank_auto" .. s, world = w, combine = "auto", hosts = w == 4 and { 2 } or nil }))
 end
 

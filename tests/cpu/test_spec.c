@@ -184,6 +184,14 @@ static shape random_shape(void)
     return s;
 }
 
+/* s at world `world`, its experts (a multiple of it) and top-k drawn again. */
+static void set_world(shape *s, int world)
+{
+    s->world = world;
+    s->experts = world * (int)rnd(1, 16);
+    s->topk = (int)rnd(1, s->experts < 16 ? (unsigned)s->experts : 16);
+}
+
 /* The shape as Lua fields, leaving out the field named skip. */
 static const char *fields_except(const shape *s, const char *skip)
 {
@@ -311,11 +319,14 @@ Test(spec, defaults_are_applied)
         cr_expect(v->weights, "variant %d: weights default to true", i);
         cr_expect(v->sms == 24, "variant %d: sms %d, expected 24", i, v->sms);
         cr_expect(v->align == 1, "variant %d: align %d, expected 1", i, v->align);
-        /* "auto" for layout rank from SG_AUTO_MIN_TOKENS tokens, else "push". */
-        const symm_combine_mode mode = i != 4 && shapes[i]->max_tokens >= SG_AUTO_MIN_TOKENS ? SYMM_COMBINE_AUTO
-                                                                                           : SYMM_COMBINE_PUSH;
-        cr_expect(v->combine == mode, "variant %d (max_tokens %d, layout %s): combine %s, expected %s", i,
-                  shapes[i]->max_tokens, sg_layout_name(v->layout), sg_combine_name(v->combine),
+        /* "auto" for layout rank from SG_AUTO_MIN_TOKENS tokens or world
+         * SG_AUTO_MIN_WORLD, else "push". */
+        const symm_combine_mode mode =
+            i != 4 && (shapes[i]->max_tokens >= SG_AUTO_MIN_TOKENS || shapes[i]->world >= SG_AUTO_MIN_WORLD)
+                ? SYMM_COMBINE_AUTO
+                : SYMM_COMBINE_PUSH;
+        cr_expect(v->combine == mode, "variant %d (max_tokens %d, world %d, layout %s): combine %s, expected %s", i,
+                  shapes[i]->max_tokens, shapes[i]->world, sg_layout_name(v->layout), sg_combine_name(v->combine),
                   sg_combine_name(mode));
         cr_expect(v->combine_order == SYMM_COMBINE_ORDER_RANK, "variant %d: combine_order defaults to \"rank\"", i);
         cr_expect(v->layout == (i == 4 ? SYMM_LAYOUT_EXPERT : SYMM_LAYOUT_RANK), "variant %d: layout %s", i,
@@ -1479,6 +1490,7 @@ Test(spec, combine_override_sets_every_variant)
 {
     shape a = random_shape(), b = random_shape(), c = random_shape(), d = random_shape();
     a.max_tokens = (int)rnd(1, SG_AUTO_MIN_TOKENS - 1);
+    set_world(&a, (int)rnd(2, SG_AUTO_MIN_WORLD - 1));
     const char *path = write_file("spec.lua", "%slayout { %s }\nlayout { %s, combine = \"pull\" }\n"
                                   "layout { %s, combine = \"push\", layout = \"expert\" }\n"
                                   "layout { %s, combine = \"auto\" }\n",
@@ -1544,38 +1556,57 @@ Test(spec, combine_auto_is_for_layout_rank_only)
     expect_count(1);
 }
 
-/* The default of combine follows layout and max_tokens: "auto" for layout
- * rank from SG_AUTO_MIN_TOKENS (1024) tokens a rank up, "push" below it and
- * for layout expert at any size; -D max_tokens moves a variant across. */
-Test(spec, combine_defaults_to_auto_for_prefill_sized_layout_rank)
+/* The default of combine follows layout, max_tokens and world: "auto" for
+ * layout rank from SG_AUTO_MIN_TOKENS (1024) tokens a rank up or from world
+ * SG_AUTO_MIN_WORLD (4) up, "push" below both and for layout expert at any
+ * size; -D max_tokens moves a variant across. */
+Test(spec, combine_defaults_to_auto_for_prefill_sized_or_wide_layout_rank)
 {
-    shape s[5];
-    for (int i = 0; i < 5; i++)
+    enum { N = 8 };
+    shape s[N];
+    for (int i = 0; i < N; i++)
         s[i] = random_shape();
-    const int tokens[] = { SG_AUTO_MIN_TOKENS - 1, SG_AUTO_MIN_TOKENS, (int)rnd(SG_AUTO_MIN_TOKENS + 1, 8192),
-                           (int)rnd(1, SG_AUTO_MIN_TOKENS - 1), (int)rnd(SG_AUTO_MIN_TOKENS, 8192) };
-    for (int i = 0; i < 5; i++)
+    const int tokens[N] = { SG_AUTO_MIN_TOKENS - 1, SG_AUTO_MIN_TOKENS, (int)rnd(SG_AUTO_MIN_TOKENS + 1, 8192),
+                            (int)rnd(1, SG_AUTO_MIN_TOKENS - 1), (int)rnd(SG_AUTO_MIN_TOKENS, 8192),
+                            (int)rnd(1, SG_AUTO_MIN_TOKENS - 1), (int)rnd(1, SG_AUTO_MIN_TOKENS - 1),
+                            (int)rnd(1, SG_AUTO_MIN_TOKENS - 1) };
+    /* Variants 0-4 below world SG_AUTO_MIN_WORLD; 5 (rank) and 6 (expert)
+     * at it or above; 7 (rank) just below it. */
+    const int worlds[N] = { 2, 3, 2, 3, 2, (int)rnd(SG_AUTO_MIN_WORLD, 16), (int)rnd(SG_AUTO_MIN_WORLD, 16),
+                            SG_AUTO_MIN_WORLD - 1 };
+    for (int i = 0; i < N; i++) {
         s[i].max_tokens = tokens[i];
-    const char *path = write_file("spec.lua", "layout { %s }\nlayout { %s }\nlayout { %s }\n"
-                                  "layout { %s, layout = \"expert\" }\nlayout { %s, layout = \"expert\" }\n",
-                                  fields(&s[0]), fields(&s[1]), fields(&s[2]), fields(&s[3]), fields(&s[4]));
+        set_world(&s[i], worlds[i]);
+    }
+    const bool expert[N] = { false, false, false, true, true, false, true, false };
+    char text[8192] = "";
+    for (int i = 0; i < N; i++) {
+        char line[1024];
+        snprintf(line, sizeof line, "layout { %s%s }\n", fields(&s[i]), expert[i] ? ", layout = \"expert\"" : "");
+        strcat(text, line);
+    }
+    const char *path = write_file("spec.lua", "%s", text);
     cr_assert(load(path) == 0, "%s", messages());
-    const symm_combine_mode want[] = { SYMM_COMBINE_PUSH, SYMM_COMBINE_AUTO, SYMM_COMBINE_AUTO, SYMM_COMBINE_PUSH,
-                                       SYMM_COMBINE_PUSH };
-    for (int i = 0; i < 5; i++)
-        cr_expect(spec.variants[i].combine == want[i], "variant %d (max_tokens %d, layout %s): combine %s, expected %s",
-                  i, tokens[i], sg_layout_name(spec.variants[i].layout), sg_combine_name(spec.variants[i].combine),
+    const symm_combine_mode want[N] = { SYMM_COMBINE_PUSH, SYMM_COMBINE_AUTO, SYMM_COMBINE_AUTO, SYMM_COMBINE_PUSH,
+                                        SYMM_COMBINE_PUSH, SYMM_COMBINE_AUTO, SYMM_COMBINE_PUSH, SYMM_COMBINE_PUSH };
+    for (int i = 0; i < N; i++)
+        cr_expect(spec.variants[i].combine == want[i],
+                  "variant %d (max_tokens %d, world %d, layout %s): combine %s, expected %s", i, tokens[i], worlds[i],
+                  sg_layout_name(spec.variants[i].layout), sg_combine_name(spec.variants[i].combine),
                   sg_combine_name(want[i]));
-    /* -D max_tokens applies before the default is taken. */
+    /* -D max_tokens applies before the default is taken: layout rank is
+     * "auto" at 4096 tokens whatever its world, and at 128 only from world
+     * SG_AUTO_MIN_WORLD. */
     sg_override up[] = { { "max_tokens", "4096" } }, down[] = { { "max_tokens", "128" } };
     cr_assert(load_with(path, up, 1) == 0, "%s", messages());
-    for (int i = 0; i < 5; i++)
-        cr_expect(spec.variants[i].combine == (i < 3 ? SYMM_COMBINE_AUTO : SYMM_COMBINE_PUSH),
+    for (int i = 0; i < N; i++)
+        cr_expect(spec.variants[i].combine == (expert[i] ? SYMM_COMBINE_PUSH : SYMM_COMBINE_AUTO),
                   "-D max_tokens=4096: variant %d: combine %s", i, sg_combine_name(spec.variants[i].combine));
     cr_assert(load_with(path, down, 1) == 0, "%s", messages());
-    for (int i = 0; i < 5; i++)
-        cr_expect(spec.variants[i].combine == SYMM_COMBINE_PUSH, "-D max_tokens=128: variant %d: combine %s", i,
-                  sg_combine_name(spec.variants[i].combine));
+    for (int i = 0; i < N; i++)
+        cr_expect(spec.variants[i].combine ==
+                      (!expert[i] && worlds[i] >= SG_AUTO_MIN_WORLD ? SYMM_COMBINE_AUTO : SYMM_COMBINE_PUSH),
+                  "-D max_tokens=128: variant %d: combine %s", i, sg_combine_name(spec.variants[i].combine));
 }
 
 /* -D takes numbers as a spec writes them: 7168.0 and 0x8 are integers. */
@@ -2182,27 +2213,29 @@ Test(spec, hosts_add_a_companion_per_host_count_after_the_variant)
 }
 
 /* A companion takes its parent's combine: a layout rank parent below
- * max_tokens 1024 pushes, and so does its companion of H * max_tokens >=
- * 1024 tokens; a parent of combine = "auto" (written or by default) gives
- * companions of "auto", whose hosts then pull or push by where y lies. */
+ * max_tokens 1024 and world 4 pushes, and so does its companion of H *
+ * max_tokens >= 1024 tokens; a parent of combine = "auto" (written, or by
+ * default: from max_tokens 1024 or from world 4) gives companions of
+ * "auto", whose hosts then pull or push by where y lies. */
 Test(spec, hosts_companions_take_the_parents_combine)
 {
     const char *path = write_file("spec.lua",
-        "layout { name = \"small\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2, 4 } }\n"
+        "layout { name = \"small\", hidden = 256, topk = 2, experts = 8, world = 2, max_tokens = %d, hosts = { 2 } }\n"
+        "layout { name = \"wide\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2, 4 } }\n"
         "layout { name = \"big\", hidden = 256, topk = 2, experts = 8, world = 4, max_tokens = %d, hosts = { 2 } }\n"
         "layout { name = \"set\", hidden = 256, topk = 2, experts = 8, world = 2, max_tokens = %d, combine = \"auto\","
         " hosts = { 2 } }\n",
-        (int)rnd(SG_AUTO_MIN_TOKENS / 2, SG_AUTO_MIN_TOKENS - 1), (int)rnd(SG_AUTO_MIN_TOKENS, 8192),
-        (int)rnd(1, 512));
+        (int)rnd(SG_AUTO_MIN_TOKENS / 2, SG_AUTO_MIN_TOKENS - 1), (int)rnd(1, SG_AUTO_MIN_TOKENS / 4 - 1),
+        (int)rnd(SG_AUTO_MIN_TOKENS, 8192), (int)rnd(1, 512));
     cr_assert(load(path) == 0, "%s", messages());
-    cr_assert_eq(spec.count, 7);
+    cr_assert_eq(spec.count, 9);
     static const struct {
         const char *name;
         symm_combine_mode combine;
     } want[] = {
-        {"small", SYMM_COMBINE_PUSH}, {"small_h2", SYMM_COMBINE_PUSH}, {"small_h4", SYMM_COMBINE_PUSH},
-        {"big", SYMM_COMBINE_AUTO},   {"big_h2", SYMM_COMBINE_AUTO},   {"set", SYMM_COMBINE_AUTO},
-        {"set_h2", SYMM_COMBINE_AUTO},
+        {"small", SYMM_COMBINE_PUSH}, {"small_h2", SYMM_COMBINE_PUSH}, {"wide", SYMM_COMBINE_AUTO},
+        {"wide_h2", SYMM_COMBINE_AUTO}, {"wide_h4", SYMM_COMBINE_AUTO}, {"big", SYMM_COMBINE_AUTO},
+        {"big_h2", SYMM_COMBINE_AUTO}, {"set", SYMM_COMBINE_AUTO}, {"set_h2", SYMM_COMBINE_AUTO},
     };
     for (size_t i = 0; i < spec.count; i++) {
         cr_expect_str_eq(spec.variants[i].name, want[i].name);
