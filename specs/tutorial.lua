@@ -57,8 +57,7 @@
 --                          symmetric buffer pulls, y elsewhere pushes, alike
 --                          on every rank; the memory of both.
 --                 Default: "auto" for layout "rank" from max_tokens 1024 up
---                 and at world 4 and more (pull is the faster there), else
---                 "push".
+--                 or from world 4 (pull is the faster there), else "push".
 --   combine_order layout "expert" only: the fixed order of combine's sums.
 --                   "rank" (default) each rank that holds rows of a token
 --                          first sums them, w * y in ascending k in fp32,
