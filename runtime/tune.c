@@ -22,7 +22,7 @@ static const struct knob {
     {"SUM_UNROLL", 1, 10},  /* combine: output vectors per lane in flight */
     {"SUM_GATHER", 1, 16}, /* combine: sources whose loads are issued together */
     {"PREFETCH", 0, 1},    /* 1: loads issued ahead (topk ids, a warp's first rows, a push batch's rows) */
-    {"LOCAL_VEC", 0, 1},   /* dispatch: 1: rows for this rank stored by the warp's lanes, not the bulk copy */
+    {"LOCAL_VEC", 0, 1},   /* dispatch: 1: rows for this rank stored by the warp's lanes, not the bulk copy (default 1 for layout rank's fp8 rows above max_tokens 512) */
     {"PROFILE", 0, 2},     /* 1: the kernels record phase times, 2: and spans (symm_variant_profile_read) */
     {"PDL", 0, 1},         /* 1: dispatch and combine launched as programmatic dependents (default 1) */
     {"DEDUP", 0, 1},       /* dispatch, layout expert: 1: a token's row goes to each peer once (default 1) */

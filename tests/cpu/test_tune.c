@@ -656,6 +656,19 @@ Test(tune, the_push_deal_knob_changes_only_layout_rank, .init = gen_setup, .fini
     check_knob_case("bf16_expert_w2", "PUSH_DEAL", 1, NULL, 0, false);
 }
 
+/* LOCAL_VEC (default 1 for layout rank's fp8 rows above max_tokens 512,
+ * else 0) compiles to the default's code at its default and changes the
+ * code the other way, in every layout and dtype (the knob reaches every
+ * dispatch): the default's own value differs by variant. */
+Test(tune, the_local_vec_knob_defaults_on_for_layout_rank_fp8_prefill, .init = gen_setup_bench, .fini = gen_teardown)
+{
+    check_knob_case("bench/bench_dsv3_prefill_fp8", "LOCAL_VEC", 1, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_decode_fp8", "LOCAL_VEC", 0, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_prefill", "LOCAL_VEC", 0, NULL, 0, true);
+    check_knob_case("bench/bench_dsv3_prefill_expert_fp8", "LOCAL_VEC", 0, NULL, 0, true);
+    check_knob_case("fp8_rank_w2", "LOCAL_VEC", 0, NULL, 0, true);
+}
+
 /* SUM_EARLY (default 1 where it applies) compiles to the default's code at
  * 1; at 0 it changes layout rank's pushing combine at max_tokens 512 or
  * less, at worlds 2 and 4, and never layout rank's at prefill (SUM_LEAN),
