@@ -88,7 +88,7 @@ layout(bench("bench_dsv3_decode_expert_pull", dsv3, { max_tokens = DECODE, layou
 
 -- combine = "auto": both forms in one variant, each call pulling where y lies
 -- in the symmetric buffer and pushing elsewhere (the default for layout rank
--- from max_tokens 1024 up, and at world 4 and more). Against (a), (b) and their pulling twins: what
--- the per-call check of the form costs each form.
+-- from max_tokens 1024 up, and at world 4 and more). Against (a), (b) and
+-- their pulling twins: what the per-call check of the form costs each form.
 layout(bench("bench_dsv3_prefill_auto", dsv3, { max_tokens = PREFILL, combine = "auto" }))
 layout(bench("bench_dsv3_decode_auto", dsv3, { max_tokens = DECODE, combine = "auto" }))

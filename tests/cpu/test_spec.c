@@ -172,24 +172,22 @@ typedef struct shape {
     int hidden, topk, experts, world, max_tokens;
 } shape;
 
-static shape random_shape(void)
-{
-    shape s;
-    snprintf(s.name, sizeof s.name, "v%u_%u", rnd(0, 99999), serial++);
-    s.world = (int)rnd(2, 16);
-    s.experts = s.world * (int)rnd(1, 16);
-    s.topk = (int)rnd(1, s.experts < 16 ? (unsigned)s.experts : 16);
-    s.hidden = 128 * (int)rnd(1, 56);
-    s.max_tokens = (int)rnd(1, 8192);
-    return s;
-}
-
 /* s at world `world`, its experts (a multiple of it) and top-k drawn again. */
 static void set_world(shape *s, int world)
 {
     s->world = world;
     s->experts = world * (int)rnd(1, 16);
     s->topk = (int)rnd(1, s->experts < 16 ? (unsigned)s->experts : 16);
+}
+
+static shape random_shape(void)
+{
+    shape s;
+    snprintf(s.name, sizeof s.name, "v%u_%u", rnd(0, 99999), serial++);
+    set_world(&s, (int)rnd(2, 16));
+    s.hidden = 128 * (int)rnd(1, 56);
+    s.max_tokens = (int)rnd(1, 8192);
+    return s;
 }
 
 /* The shape as Lua fields, leaving out the field named skip. */
